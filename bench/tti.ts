@@ -2,7 +2,7 @@
 // API, then its first command succeeding = one sample; N sequential, and a burst of N created
 // at once (all interactive: until the last one's first command succeeded); trim 5% at each end;
 // median, p95, p99.
-//   npx tsx bench/tti.ts [--runs 100] [--count 100] [--vm] [--vm-runs 5]
+//   npx tsx bench/tti.ts [--runs 100] [--count 100] [--vm] [--vm-runs 5] [--warm-pool N]
 // --runs: sequential samples; --count: size of the burst; --vm: also vm sandboxes (sequential
 // only, report only; skipped with the reason when QEMU is missing).
 //
@@ -30,6 +30,8 @@ const RUNS = arg('runs', 100);
 const COUNT = arg('count', 100);
 const VM = process.argv.includes('--vm');
 const VM_RUNS = arg('vm-runs', 5);
+/** serve's --warm-pool (its default: 2). */
+const WARM_POOL = arg('warm-pool', 2);
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 /** ComputeSDK's sandbox leaderboard, best published time to interactive (over the internet). */
 const LEADERBOARD_MS = 42;
@@ -151,7 +153,7 @@ async function main(): Promise<void> {
     .loadavg()
     .map((x) => x.toFixed(2))
     .join(' ');
-  const fx = await startFluxctl({ args: ['--quiet'] });
+  const fx = await startFluxctl({ args: ['--quiet', '--warm-pool', String(WARM_POOL)] });
   const lines: string[] = [];
   const names: string[] = [];
   const one = new https.Agent({ keepAlive: true, maxSockets: 1 });
@@ -238,7 +240,7 @@ async function main(): Promise<void> {
         : `| ${what} | ${stats(r)} | ${(seqMed / percentile(trimmed(r), 50)).toFixed(1)}x: procbox TTI / this |`;
     lines.push(
       `ComputeSDK's method: create through the API, then the first command (\`true\`) succeeding; ${RUNS} sequential and a burst of ${COUNT}; 5% trimmed at each end. ` +
-        'A `fluxctl serve` child process (throwaway state dir, default warm pool), HTTPS + admin token over one kept-alive connection (the burst: one kept-alive connection per sandbox, opened before), ' +
+        `A \`fluxctl serve\` child process (throwaway state dir, \`--warm-pool ${WARM_POOL}\`), HTTPS + admin token over one kept-alive connection (the burst: one kept-alive connection per sandbox, opened before), ` +
         `Ready seen on one watch opened before (exec answers 409 until the sandbox is Running), network none. Load average ${load} before it.`,
       '',
       '| measurement | median | p95 | p99 | note |',

@@ -18,11 +18,9 @@ import { instrumentOperations, type Metrics } from '../../runtime/metrics/metric
 import type { Runtime } from '../../native/runtime.js';
 
 export interface LocalRuntimeOptions {
-  /** Warm procbox inits (default 2). */
-  procboxWarmPool?: number;
   /** Leave the vm backend out even when QEMU is installed. */
   noVm?: boolean;
-  /** Limits of sandboxes without spec.resources, and the disk quota switch (--default-*, --no-disk-quota). */
+  /** Limits of sandboxes without spec.resources, disk quota, warm pool (--default-*, --no-disk-quota, --warm-pool). */
   sandboxDefaults?: SandboxDefaults;
   /** The host egress proxy (cmd/fluxctl/egress.ts): network mode allowList of procbox and vm sandboxes leads to it. */
   egress?: ProcboxOptions['egress'];
@@ -32,7 +30,7 @@ export interface LocalRuntimeOptions {
 
 const TIMED_OPERATIONS = ['create', 'exec', 'fork', 'checkpoint', 'restore'] as const;
 
-export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota'>;
+export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota' | 'warmPool'>;
 
 /** Builds (does not start) the router; never throws for a missing QEMU (vm is just absent). */
 export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptions = {}): RuntimeRouter & IdleRuntime {
@@ -41,7 +39,7 @@ export function localRuntime(stateDir: string, log: Logger, o: LocalRuntimeOptio
   const vmLog = log.child?.({ component: 'vm' }) ?? log;
   const procbox = new ProcboxRuntime({
     stateDir: dir,
-    warmPool: o.procboxWarmPool ?? 2,
+    warmPool: 2, // warm procbox inits unless sandboxDefaults says (--warm-pool)
     ...o.sandboxDefaults,
     egress: o.egress,
     log: (m, f) => pbLog.error(m, f),

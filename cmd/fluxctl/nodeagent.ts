@@ -38,8 +38,6 @@ export interface NodeAgentOptions {
   certDir?: string;
   /** --client-ca-file: the cluster CA; callers must present a client certificate it signed (mTLS). */
   clientCAFile?: string;
-  /** Warm pool of procbox inits (default 2, as serve). */
-  warmPool?: number;
   /** Leave the vm backend out even when QEMU is installed. */
   noVm?: boolean;
   quiet?: boolean;
@@ -130,7 +128,6 @@ export async function runNodeAgent(o: NodeAgentOptions): Promise<number> {
     log.info('not root: no egress proxy; network mode allowList is Unsupported on this node');
   // The same node runtime as embedded serve: procbox, and vm where QEMU is installed.
   const runtime = localRuntime(o.stateDir, log, {
-    procboxWarmPool: o.warmPool ?? 2,
     noVm: o.noVm,
     sandboxDefaults: o.sandboxDefaults,
     egress: egress?.hook,

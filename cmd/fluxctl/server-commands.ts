@@ -54,8 +54,16 @@ function sandboxLimitFlags(cmd: Command): Command {
     .option('--default-pids <n>', 'process limit of a sandbox without spec.resources.pids', '1024')
     .option('--default-cpu-weight <n>', 'CPU weight of every sandbox (cgroup v2 scale, 100 = an ordinary group)', '100')
     .option('--default-disk <bytes>', 'workspace disk quota of a sandbox without spec.resources.disk', '10Gi')
-    .option('--no-disk-quota', 'no workspace disk quota (no btrfs volume store)');
+    .option('--no-disk-quota', 'no workspace disk quota (no btrfs volume store)')
+    .option(
+      '--warm-pool <n>',
+      `procbox sandbox inits started ahead of creates (0 to ${MAX_WARM_POOL}; each is an idle process with its mounts)`,
+      '2',
+    );
 }
+
+/** Largest --warm-pool: each pool init holds a process, its namespaces and mounts, and a standby helper. */
+const MAX_WARM_POOL = 64;
 
 function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
   const count = (v: string, flag: string) => {
@@ -68,7 +76,11 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
     if (n <= 0) throw new CliError(`error: ${flag} must be more than 0`);
     return n;
   };
+  const pool = Number(o.warmPool);
+  if (!Number.isSafeInteger(pool) || pool < 0 || pool > MAX_WARM_POOL)
+    throw new CliError(`error: --warm-pool must be an integer from 0 to ${MAX_WARM_POOL}, got "${o.warmPool}"`);
   return {
+    warmPool: pool,
     defaultLimits: {
       memoryBytes: bytes(String(o.defaultMemory), '--default-memory'),
       pids: count(String(o.defaultPids), '--default-pids'),
@@ -348,7 +360,6 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
       '--client-ca-file <file>',
       'mTLS: callers must present a client certificate this CA signed (O fluxvm:node-agent-clients)',
     )
-    .option('--warm-pool <n>', 'pre-started sandbox inits', (v) => Number(v), 2)
     .option('--no-vm', 'leave the vm backend out even when QEMU is installed')
     .option(
       '--kubeconfig <path>',
@@ -378,7 +389,6 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
           tlsBootstrap: !!o.tlsBootstrap,
           certDir: o.certDir,
           clientCAFile: o.clientCaFile,
-          warmPool: o.warmPool,
           noVm: o.vm === false,
           kubeconfig: o.kubeconfig,
           inClusterRoot: o.inClusterRoot,

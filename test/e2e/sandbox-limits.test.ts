@@ -1,9 +1,12 @@
 // End to end: a Sandbox without spec.resources is bounded by the node defaults (fluxctl serve
 // --default-*), spec.resources overrides them, and status.limits says what is in force, as
-// kubectl prints it. The kernel side of each limit is tested in test/native/procbox/limits.test.ts.
+// kubectl prints it; --warm-pool sets how many procbox inits wait for creates. The kernel side of
+// each limit is tested in test/native/procbox/limits.test.ts.
 import { expect } from 'chai';
+import { existsSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { eventually } from '../runtime/controller/env.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { exec, kubectlOk, makeSandbox, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
 
@@ -15,7 +18,9 @@ describe('e2e: sandbox default limits and status.limits', function () {
 
   before(async function () {
     skipWith(this, sandboxSkipReason());
-    fx = await startFluxctl({ args: ['--default-pids', '96', '--default-memory', '256Mi', '--default-disk', '64Mi'] });
+    fx = await startFluxctl({
+      args: ['--default-pids', '96', '--default-memory', '256Mi', '--default-disk', '64Mi', '--warm-pool', '3'],
+    });
   });
   after(async () => {
     if (fx) {
@@ -54,6 +59,30 @@ describe('e2e: sandbox default limits and status.limits', function () {
     const st = JSON.parse(await kubectlOk(fx, ['get', 'sbx', 'own', '-o', 'json'])).status;
     expect(st.limits).to.include({ memoryBytes: 128 * MiB, pids: 40, cpuWeight: 100, tmpfsBytes: 64 * MiB });
     if (st.capabilities.limits.disk) expect(st.limits.diskBytes).to.equal(32 * MiB);
+  });
+
+  it('--warm-pool 3: three inits wait for creates, and the pool is refilled after a create takes one', async () => {
+    // A pool init's root is <state>/runtime/procbox/pool/<name>/root until a create renames it away.
+    const pool = join(fx.stateDir, 'runtime', 'procbox', 'pool');
+    const waiting = () =>
+      existsSync(pool) ? readdirSync(pool).filter((n) => existsSync(join(pool, n, 'root'))).length : 0;
+    await eventually(() => waiting() === 3, 30_000, `three pool inits (now ${waiting()})`);
+    await makeSandbox(fx, 'from-pool');
+    await eventually(() => waiting() === 3, 30_000, `the pool refilled to three (now ${waiting()})`);
+  });
+
+  it('a bad --warm-pool is refused at start with the flag named', async () => {
+    for (const bad of ['-1', '65', '2.5', 'many']) {
+      const r = await fx.fluxctl([
+        'serve',
+        '--state-dir',
+        join(tmpdir(), `never-created-${process.pid}`),
+        '--warm-pool',
+        bad,
+      ]);
+      expect(r.code, bad).to.not.equal(0);
+      expect(r.stderr, bad).to.include(`--warm-pool must be an integer from 0 to 64, got "${bad}"`);
+    }
   });
 
   it('a bad default is refused at start with the flag named', async () => {
