@@ -5,7 +5,7 @@
 // subresources are called as the HTTP layer calls them (no HTTP or TLS in the numbers).
 //   npx tsx bench/agentsession.ts [--runs N] [--files N] [--warm-pool N]
 // procbox keeps the warm pool of pre-started inits fluxctl serve gives it (cmd/fluxctl/
-// localruntime.ts: 2; --warm-pool 0 measures cold inits). The title says the load average
+// localruntime.ts: 4; --warm-pool 0 measures cold inits). The title says the load average
 // (1 min) before and after: the host is shared.
 // Needs root (procbox). The approval row: an exec held by policy.process.ask waits with
 // approvalWaitSeconds; the time from the decision (the approvals/approval call) to the moment
@@ -36,7 +36,7 @@ import { arg, median, percentile, section } from './lib.js';
 
 const RUNS = arg('runs', 9);
 const FILES = arg('files', 1000);
-const WARM = arg('warm-pool', 2);
+const WARM = arg('warm-pool', 4);
 const loadBefore = loadavg()[0]!;
 
 const dir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-ags-'));

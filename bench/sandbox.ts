@@ -1,7 +1,7 @@
 // Sandboxes through the API: a real `fluxctl serve` child process (procbox), driven
 // over HTTPS with the admin token (the default serve), like kubectl/fluxctl would.
 //   - apply-to-Ready latency: POST a Sandbox, then a watch sees Ready=True (p50, p90); applies
-//     200 ms apart (serve keeps a warm pool of 2 procbox inits, refilled between them)
+//     200 ms apart (serve keeps a warm pool of procbox inits, 4 by default, refilled between them)
 //   - exec `true` round trip through the API (POST sandboxes/<n>/exec), beside the procbox
 //     driver alone (rt.exec in this process) and beside `unshare -mpfiun true` spawned from Node
 //   - fork of 32 children through the API: 32 Sandboxes with source.sandboxRef posted at once,

@@ -57,8 +57,7 @@ function sandboxLimitFlags(cmd: Command): Command {
     .option('--no-disk-quota', 'no workspace disk quota (no btrfs volume store)')
     .option(
       '--warm-pool <n>',
-      `procbox sandbox inits started ahead of creates (0 to ${MAX_WARM_POOL}; each is an idle process with its mounts)`,
-      '2',
+      `procbox sandbox inits started ahead of creates (0 to ${MAX_WARM_POOL}, default 4; each is an idle process with its mounts)`,
     );
 }
 
@@ -76,11 +75,12 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
     if (n <= 0) throw new CliError(`error: ${flag} must be more than 0`);
     return n;
   };
-  const pool = Number(o.warmPool);
-  if (!Number.isSafeInteger(pool) || pool < 0 || pool > MAX_WARM_POOL)
+  // Unset: the runtime's default (localruntime.ts DEFAULT_WARM_POOL; that module is too heavy to load here).
+  const pool = o.warmPool === undefined ? undefined : Number(o.warmPool);
+  if (pool !== undefined && (!Number.isSafeInteger(pool) || pool < 0 || pool > MAX_WARM_POOL))
     throw new CliError(`error: --warm-pool must be an integer from 0 to ${MAX_WARM_POOL}, got "${o.warmPool}"`);
   return {
-    warmPool: pool,
+    ...(pool === undefined ? {} : { warmPool: pool }),
     defaultLimits: {
       memoryBytes: bytes(String(o.defaultMemory), '--default-memory'),
       pids: count(String(o.defaultPids), '--default-pids'),
