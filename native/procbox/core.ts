@@ -220,6 +220,11 @@ export class ProcboxCore {
   readonly upperEntries = new Map<string, number>();
   readonly cg: CgroupLayout;
   readonly records = new Map<string, SandboxRecord>();
+  /**
+   * Sandboxes whose inits are being started (bringUp): recorded already, no init yet. A revive or an inspect waits
+   * for it (a restart there would take the cgroups the start is using); settles with it, never rejects.
+   */
+  readonly launching = new Map<string, Promise<void>>();
   readonly locks = new Map<string, Promise<unknown>>();
   landlockAbi = 0;
   /** The kernel has what the exec view needs (procbox probe: open_tree, move_mount, mount_setattr, openat2). */

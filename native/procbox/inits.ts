@@ -34,7 +34,7 @@ export async function launch(pb: ProcboxCore, all: SandboxRecord[]): Promise<voi
     const lines = res.stdout.split('\n').filter(Boolean);
     idx.forEach((i, j) => {
       const r = recs[i]!;
-      const line = lines[j] ?? `err ${res.stderr.trim() || 'no answer'}`;
+      const line = lines[j] ?? `err ${res.stderr.trim() || `no answer (the helper exited ${res.code})`}`;
       if (line.startsWith('ok ')) {
         r.pid = Number(line.slice(3));
         r.pidStart = procStart(r.pid);
@@ -68,13 +68,36 @@ export async function restart(pb: ProcboxCore, rec: SandboxRecord): Promise<void
   if (rec.frozen) await pb.cgroups(rec.id).setFrozen(true);
 }
 
-/** Brings a dead init back first (workspace intact); a live one is left alone. */
+/**
+ * Brings a dead init back first (workspace intact); a live one is left alone. One whose start is under way (a
+ * sibling's batched fork, bringUp) is waited for, not restarted: it has no init yet, and a restart would destroy the
+ * cgroups that start is putting it in. A start that failed removed the record (pb.rec then says NotFound).
+ */
 export async function revive(pb: ProcboxCore, rec: SandboxRecord): Promise<void> {
+  const starting = pb.launching.get(rec.id);
+  if (starting) {
+    await starting;
+    rec = pb.rec(rec.id);
+  }
   if (!pb.alive(rec)) await pb.locked(rec.id, () => (pb.alive(rec) ? Promise.resolve() : restart(pb, rec)));
 }
 
 /** Creates directories, cgroups, inits and networks for new records; undoes all on error. */
 export async function bringUp(pb: ProcboxCore, recs: SandboxRecord[]): Promise<void> {
+  const done = bringUpNow(pb, recs);
+  const settled = done.then(
+    () => undefined,
+    () => undefined,
+  );
+  for (const rec of recs) pb.launching.set(rec.id, settled);
+  try {
+    await done;
+  } finally {
+    for (const rec of recs) if (pb.launching.get(rec.id) === settled) pb.launching.delete(rec.id);
+  }
+}
+
+async function bringUpNow(pb: ProcboxCore, recs: SandboxRecord[]): Promise<void> {
   const used = new Set(
     [...pb.records.values()].map((r) => r.network.index).filter((i): i is number => i !== undefined),
   );

@@ -300,6 +300,8 @@ export class ProcboxRuntime implements Runtime {
 
   async inspect(id: string, opts?: { revive?: boolean }): Promise<SandboxInfo> {
     this.pb.ensureStarted();
+    // Recorded while its init starts (a batched fork a sibling's pass runs): its state is the start's outcome.
+    await this.pb.launching.get(id);
     const rec = this.pb.rec(id);
     if (opts?.revive) await revive(this.pb, rec);
     return this.pb.info(this.pb.rec(id));

@@ -1,0 +1,52 @@
+// A fork's children are recorded before their inits run (one batch for all of them). The Sandbox
+// controller of each child inspects its own (with revive) when a pass of it comes while a
+// sibling's pass runs the batch: such a child is being started, not dead. Restarting it there
+// destroyed the cgroups the batch was putting its init in (the batch failed with ENOENT on
+// cgroup.procs, and its teardown took children already reported running). Now revive and inspect
+// wait for the start.
+import { expect } from 'chai';
+import { skipWith } from '../../skip.js';
+import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+describe('procbox fork: a child inspected while its init starts', function () {
+  this.timeout(120_000);
+  let fx: Fixture;
+
+  before(async function () {
+    skipWith(this, skipReason());
+    fx = await makeRuntime({ warmPool: 2 });
+  });
+  after(async () => {
+    await fx?.cleanup();
+  });
+
+  it('inspect with revive during the batch waits for it: the children keep the inits the fork started', async () => {
+    await fx.rt.create({ id: 'parent' });
+    expect((await sh(fx.rt, 'parent', 'echo base > /work/base')).code).to.equal(0);
+    const ids = Array.from({ length: 12 }, (_, i) => `kid${i}`);
+    const forking = fx.rt.fork('parent', ids);
+    // The children are recorded (state stopped: no init yet) before the batch starts them.
+    const seen: string[] = [];
+    let recorded = false;
+    for (let i = 0; i < 100_000 && !recorded; i++) {
+      const listed = await fx.rt.list();
+      recorded = ids.every((id) => listed.some((s) => s.id === id));
+      if (recorded) seen.push(...listed.filter((s) => ids.includes(s.id)).map((s) => s.state));
+      else await new Promise((r) => setImmediate(r));
+    }
+    expect(recorded, 'the children were recorded while the fork ran').to.equal(true);
+    expect(seen, 'some children had no init yet when inspected').to.include('stopped');
+    // What each child's controller pass does when it finds its sandbox stopped.
+    const inspected = await Promise.all(ids.map((id) => fx.rt.inspect(id, { revive: true })));
+    const forked = await forking;
+    const started = new Map(forked.children.map((c) => [c.id, c.pid]));
+    for (const info of inspected) {
+      expect(info.state, info.id).to.equal('running');
+      expect(info.pid, `${info.id}: the init the fork started, not a restart`).to.equal(started.get(info.id));
+    }
+    for (const id of ids) {
+      expect((await fx.rt.inspect(id)).restarted, id).to.not.equal(true);
+      expect(await sh(fx.rt, id, 'cat /work/base')).to.include({ code: 0, out: 'base\n' });
+    }
+  });
+});
