@@ -158,6 +158,7 @@ int write_proc_sys(const char *path, const char *v) {
 // namespace (root inside = the unprivileged uid range), which exec joins.
 int child_main(void *arg) {
   struct child_args *a = arg;
+  signal(SIGPIPE, SIG_DFL); // cmd_init ignores it; the sandbox's processes get the default
   close_others(a->go[0], a->res[1]);
   char b;
   if (a->wait_go && read(a->go[0], &b, 1) != 1) _exit(1);
@@ -459,6 +460,9 @@ int stdin_configs(char ***texts, size_t **lens) {
 int cmd_init(int argc, char **argv) {
   char **texts = NULL;
   size_t *lens = NULL;
+  // An init that dies during its setup fails alone (EPIPE on its pipe, "exited during setup"):
+  // SIGPIPE would end this run and leave every other init of the batch without an answer.
+  signal(SIGPIPE, SIG_IGN);
   if (argc == 1 && !strcmp(argv[0], "-") && (argc = stdin_configs(&texts, &lens)) < 0)
     return fprintf(stderr, "procbox init: reading configs from stdin failed\n"), 1;
   struct pending *ps = calloc(argc > 0 ? argc : 1, sizeof *ps);
