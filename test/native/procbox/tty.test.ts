@@ -99,7 +99,9 @@ describe('procbox exec --tty', function () {
     const r = reader(s);
     await r.until(/PROMPT\$ $/);
     s.stdin.write('echo $((6*7))\n');
-    await r.until(/\r\n42\r\n/);
+    // The next prompt before typing on: typed ahead, the terminal echoes the line before the shell's
+    // prompt, and the command's first line then follows "PROMPT$ " instead of a line break.
+    await r.until(/\r\n42\r\nPROMPT\$ $/);
     // the foreground job gets the SIGWINCH of a resize
     s.stdin.write(`sh -c 'trap "stty size; exit 0" WINCH; echo wait""ing; while :; do sleep 0.05; done'\n`);
     await r.until(/\r\nwaiting\r\n/);
