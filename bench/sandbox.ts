@@ -8,7 +8,7 @@
 //     until all are Ready
 // Requests go over one kept-alive TLS connection (an https.Agent with keepAlive and maxSockets 1,
 // as kubectl keeps one); the watch has its own.
-//   npx tsx bench/sandbox.ts [--runs 30] [--forks 32] [--no-fork] [--before DIR]
+//   npx tsx bench/sandbox.ts [--runs 30] [--forks 32] [--no-fork] [--before DIR] [--warm-pool N]
 // --before DIR: A/B; this tree and another checkout (e.g. `git archive <rev> | tar -x -C DIR`),
 // both transpiled, each served by its own `fluxctl serve`; the applies and execs alternate
 // between the two (the side going first swaps every round), and both sides' medians, server CPU
@@ -28,6 +28,8 @@ const RUNS = arg('runs', 30);
 const FORKS = arg('forks', 32);
 const FORK = !process.argv.includes('--no-fork');
 const BEFORE = strArg('before');
+/** serve's --warm-pool; unset: serve's default. */
+const WARM_POOL = strArg('warm-pool');
 const BASE = '/apis/fluxvm.dev/v1alpha1/namespaces/default/sandboxes';
 
 function strArg(name: string): string | undefined {
@@ -132,7 +134,10 @@ async function start(name: string, dir?: string): Promise<Side> {
     jsDir = js.dir;
     command = [process.execPath, js.entry];
   }
-  const fx = await startFluxctl({ args: ['--quiet'], ...(command ? { command } : {}) });
+  const fx = await startFluxctl({
+    args: ['--quiet', ...(WARM_POOL === undefined ? [] : ['--warm-pool', WARM_POOL])],
+    ...(command ? { command } : {}),
+  });
   const pid = fx.child.pid!;
   const agent = new https.Agent({ keepAlive: true, maxSockets: 1 });
   return { name, fx, agent, pid, jsDir, apply: [], exec: [], applyCpu: [], execCpu: [] };
