@@ -323,6 +323,9 @@ export class ProcboxRuntime implements Runtime {
     this.pb.ensureStarted();
     if (!ID_RE.test(id)) throw new RuntimeError('InvalidArgument', `invalid sandbox id ${JSON.stringify(id)}`);
     this.ports.stop(id);
+    // A child a batched fork is starting goes after the start: torn down meanwhile, its cgroups would vanish under
+    // the batch, and the batch (its siblings too) would fail.
+    await this.pb.launching.get(id);
     await this.pb.locked(id, async () => {
       await teardown(this.pb, id);
       // Housekeeping, not part of the delete: the sandbox is gone; layers nothing refers to any

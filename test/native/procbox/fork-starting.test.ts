@@ -49,4 +49,29 @@ describe('procbox fork: a child inspected while its init starts', function () {
       expect(await sh(fx.rt, id, 'cat /work/base')).to.include({ code: 0, out: 'base\n' });
     }
   });
+
+  it('a child destroyed while the batch starts it goes after the start; its siblings are unharmed', async () => {
+    const ids = Array.from({ length: 8 }, (_, i) => `sib${i}`);
+    const forking = fx.rt.fork('parent', ids);
+    let recorded = false;
+    for (let i = 0; i < 100_000 && !recorded; i++) {
+      const listed = await fx.rt.list();
+      recorded = listed.some((s) => s.id === 'sib3' && s.state === 'stopped');
+      if (!recorded) await new Promise((r) => setImmediate(r));
+    }
+    expect(recorded, 'sib3 was recorded, without an init yet, while the fork ran').to.equal(true);
+    const destroyed = fx.rt.destroy('sib3');
+    const forked = await forking; // rejected when the teardown pulled the cgroups from under the batch
+    await destroyed;
+    expect(forked.children.map((c) => c.id)).to.deep.equal(ids);
+    const listed = await fx.rt.list();
+    expect(
+      listed.some((s) => s.id === 'sib3'),
+      'sib3 is gone',
+    ).to.equal(false);
+    for (const id of ids.filter((x) => x !== 'sib3')) {
+      expect((await fx.rt.inspect(id)).state, id).to.equal('running');
+      expect(await sh(fx.rt, id, 'cat /work/base')).to.include({ code: 0, out: 'base\n' });
+    }
+  });
 });
