@@ -99,7 +99,7 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   const oomBefore = cg.oomKills();
   const t0 = performance.now();
   const max = req.maxOutputBytes ?? Infinity;
-  const { child, exit, gone } = startCounted(pb, id, spec, true);
+  const { child, exit } = startCounted(pb, id, spec, true);
   const out = {
     stdout: [] as Buffer[],
     stderr: [] as Buffer[],
@@ -122,8 +122,6 @@ export async function exec(pb: ProcboxCore, id: string, req: ExecRequest): Promi
   child.stdin!.on('error', () => undefined); // the command may not read its stdin
   child.stdin!.end(req.stdin ?? undefined);
   const done = exit(req.timeoutMs);
-  // The last one spawns the next command's helper, once this one is gone (a helper is a task of the pids cgroup).
-  void Promise.allSettled([done, gone]).then(() => execEnds(pb, id));
   await Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]);
   const r = await done;
   const oom = cg.oomKills() > oomBefore;
@@ -154,9 +152,8 @@ export async function execStream(
   pb.ensureStarted();
   const rec = await runnable(pb, id);
   const spec = execSpec(pb, rec, req);
-  const { child, exit, gone, kill, resize } = startCounted(pb, id, spec, !req.tty);
+  const { child, exit, kill, resize } = startCounted(pb, id, spec, !req.tty);
   const done = exit(req.timeoutMs);
-  void Promise.allSettled([done, gone]).then(() => execEnds(pb, id));
   const all = Promise.all([drained(child.stdout!, done), drained(child.stderr!, done)]).then(() => done);
   return {
     stdin: child.stdin!,
@@ -169,8 +166,10 @@ export async function execStream(
 }
 
 /**
- * startExec with the sandbox's running-command count kept right on failure; with `useStandby` its helper is the
- * standby, or one the spawner starts now (no fork of this process).
+ * startExec with the sandbox's running-command count kept: the command counts until its helper is gone (the last one
+ * then spawns the next command's standby; a helper is a task of the pids cgroup, so the two never overlap), or at once
+ * on a failed start. With `useStandby` its helper is the standby, or one the spawner starts now (no fork of this
+ * process).
  */
 function startCounted(
   pb: ProcboxCore,
@@ -179,10 +178,13 @@ function startCounted(
   useStandby: boolean,
 ): ReturnType<typeof startExec> {
   const standby = execBegins(pb, id, spec, useStandby, true);
+  let started: ReturnType<typeof startExec>;
   try {
-    return startExec(spec, standby);
+    started = startExec(spec, standby);
   } catch (e) {
     execEnds(pb, id);
     throw e;
   }
+  void started.gone.then(() => execEnds(pb, id));
+  return started;
 }

@@ -221,8 +221,9 @@ export class ProcboxCore {
   readonly cg: CgroupLayout;
   readonly records = new Map<string, SandboxRecord>();
   /**
-   * Sandboxes whose inits are being started (bringUp): recorded already, no init yet. A revive or an inspect waits
-   * for it (a restart there would take the cgroups the start is using); settles with it, never rejects.
+   * Sandboxes whose inits are being started (bringUp): recorded already, no init yet. A revive, an inspect or a
+   * destroy waits for it (a restart or teardown there would take the cgroups the start is using); settles with it,
+   * never rejects.
    */
   readonly launching = new Map<string, Promise<void>>();
   readonly locks = new Map<string, Promise<unknown>>();
