@@ -4,7 +4,7 @@
 // A helper that ends without a final line still ends the command as before. The helper here is a
 // stand-in with the same streams (no root needed); standby.test.ts has the real helper's fds.
 import { expect } from 'chai';
-import { EventEmitter } from 'node:events';
+import { EventEmitter, once } from 'node:events';
 import { PassThrough } from 'node:stream';
 import { spawnStandby, startExec, type ExecSpec } from '../../../native/procbox/exec.js';
 import type { Spawner } from '../../../native/procbox/spawner.js';
@@ -54,6 +54,27 @@ function started(h: StandInHelper) {
   return startExec(spec, spawnStandby(spec, undefined, spawner));
 }
 
+/**
+ * Writes `text` to the helper's status stream and returns once the runtime has seen it (its
+ * listener, attached first, ran in the same 'data' event) and what that settles has run.
+ */
+async function statusSeen(h: StandInHelper, text: string): Promise<void> {
+  const seen = once(h.status, 'data');
+  h.status.write(text);
+  await seen;
+  await new Promise((r) => setImmediate(r));
+}
+
+/** Whether `p` has settled (read after the events it depends on were delivered). */
+function watch(p: Promise<unknown>): () => boolean {
+  let settled = false;
+  p.then(
+    () => (settled = true),
+    () => (settled = true),
+  );
+  return () => settled;
+}
+
 /** `p` settled within `ms`, else a rejection naming `what`. */
 function within<T>(p: Promise<T>, ms: number, what: string): Promise<T> {
   let timer: NodeJS.Timeout | undefined;
@@ -73,10 +94,9 @@ describe('procbox exec: the answer comes with the final status line', () => {
     const done = exit(60_000);
     h.stdout.end('out');
     h.stderr.end();
-    h.status.write('exit ');
-    // Half a line is not an answer.
-    const early = await Promise.race([done.then(() => 'answered'), new Promise((r) => setTimeout(r, 50, 'waiting'))]);
-    expect(early).to.equal('waiting');
+    const answered = watch(done);
+    await statusSeen(h, 'exit ');
+    expect(answered(), 'half a line is not an answer').to.equal(false);
     h.status.write('3\n');
     expect(await within(done, 5000, 'the answer after the status line')).to.deep.equal({
       exitCode: 3,
@@ -97,9 +117,9 @@ describe('procbox exec: the answer comes with the final status line', () => {
   it('a helper that ends with an error line and no final line: as before, at its exit', async () => {
     const h = new StandInHelper();
     const done = started(h).exit();
-    h.status.write('error chdir /nope: No such file or directory\n');
-    const early = await Promise.race([done.then(() => 'answered'), new Promise((r) => setTimeout(r, 50, 'waiting'))]);
-    expect(early, 'an error line is not a final status').to.equal('waiting');
+    const answered = watch(done);
+    await statusSeen(h, 'error chdir /nope: No such file or directory\n');
+    expect(answered(), 'an error line is not a final status').to.equal(false);
     h.exits(1);
     const err = await within(
       done.then(
