@@ -16,6 +16,7 @@ import { VmRuntime } from '../../native/vm/vm.js';
 import type { Logger } from '../../runtime/controller/index.js';
 import { instrumentOperations, type Metrics } from '../../runtime/metrics/metrics.js';
 import type { Runtime } from '../../native/runtime.js';
+import { DEFAULT_WARM_POOL } from './warm-pool.js';
 
 export interface LocalRuntimeOptions {
   /** Leave the vm backend out even when QEMU is installed. */
@@ -29,13 +30,6 @@ export interface LocalRuntimeOptions {
 }
 
 const TIMED_OPERATIONS = ['create', 'exec', 'fork', 'checkpoint', 'restore'] as const;
-
-/**
- * Warm procbox inits by default. 4, not 2: creates one after another (an agent's loop, ComputeSDK's
- * sequential time to interactive) then mostly find one waiting; with 2 about half started cold
- * (the refill comes 100 ms after a take). bench/RESULTS.md: sequential TTI median 36.5 -> 31.6 ms.
- */
-export const DEFAULT_WARM_POOL = 4;
 
 export type SandboxDefaults = Pick<ProcboxOptions, 'defaultLimits' | 'diskQuota' | 'warmPool'>;
 

@@ -9,6 +9,7 @@ import { parseLogLevel } from '../../runtime/log/levels.js';
 import { agentLinkFlags, checkClientCertFlags } from './agent-link-flags.js';
 import { egressFlags, egressOptionsOf } from './egress-flags.js';
 import type { SandboxDefaults } from './localruntime.js';
+import { DEFAULT_WARM_POOL, MAX_WARM_POOL } from './warm-pool.js';
 import { CliError, parseDuration } from './util.js';
 
 /** `--log-level`, the same on serve, controller and node-agent. */
@@ -57,12 +58,10 @@ function sandboxLimitFlags(cmd: Command): Command {
     .option('--no-disk-quota', 'no workspace disk quota (no btrfs volume store)')
     .option(
       '--warm-pool <n>',
-      `procbox sandbox inits started ahead of creates (0 to ${MAX_WARM_POOL}, default 4; each is an idle process with its mounts)`,
+      `procbox sandbox inits started ahead of creates (0 to ${MAX_WARM_POOL}; each is an idle process with its mounts)`,
+      String(DEFAULT_WARM_POOL),
     );
 }
-
-/** Largest --warm-pool: each pool init holds a process, its namespaces and mounts, and a standby helper. */
-const MAX_WARM_POOL = 64;
 
 function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
   const count = (v: string, flag: string) => {
@@ -75,12 +74,11 @@ function sandboxDefaults(o: Record<string, string | boolean>): SandboxDefaults {
     if (n <= 0) throw new CliError(`error: ${flag} must be more than 0`);
     return n;
   };
-  // Unset: the runtime's default (localruntime.ts DEFAULT_WARM_POOL; that module is too heavy to load here).
-  const pool = o.warmPool === undefined ? undefined : Number(o.warmPool);
-  if (pool !== undefined && (!Number.isSafeInteger(pool) || pool < 0 || pool > MAX_WARM_POOL))
+  const pool = Number(o.warmPool);
+  if (!Number.isSafeInteger(pool) || pool < 0 || pool > MAX_WARM_POOL)
     throw new CliError(`error: --warm-pool must be an integer from 0 to ${MAX_WARM_POOL}, got "${o.warmPool}"`);
   return {
-    ...(pool === undefined ? {} : { warmPool: pool }),
+    warmPool: pool,
     defaultLimits: {
       memoryBytes: bytes(String(o.defaultMemory), '--default-memory'),
       pids: count(String(o.defaultPids), '--default-pids'),
