@@ -6,7 +6,21 @@
 // wait for the start.
 import { expect } from 'chai';
 import { skipWith } from '../../skip.js';
+import type { SandboxInfo } from '../../../native/runtime.js';
 import { makeRuntime, sh, skipReason, type Fixture } from './fixture.js';
+
+/**
+ * The listing once `ids` are all recorded, polled each turn of the event loop (bounded) while a fork runs; undefined
+ * when they never were.
+ */
+async function whenRecorded(fx: Fixture, ids: string[]): Promise<SandboxInfo[] | undefined> {
+  for (let i = 0; i < 100_000; i++) {
+    const listed = (await fx.rt.list()).filter((s) => ids.includes(s.id));
+    if (listed.length === ids.length) return listed;
+    await new Promise((r) => setImmediate(r));
+  }
+  return undefined;
+}
 
 describe('procbox fork: a child inspected while its init starts', function () {
   this.timeout(120_000);
@@ -26,16 +40,12 @@ describe('procbox fork: a child inspected while its init starts', function () {
     const ids = Array.from({ length: 12 }, (_, i) => `kid${i}`);
     const forking = fx.rt.fork('parent', ids);
     // The children are recorded (state stopped: no init yet) before the batch starts them.
-    const seen: string[] = [];
-    let recorded = false;
-    for (let i = 0; i < 100_000 && !recorded; i++) {
-      const listed = await fx.rt.list();
-      recorded = ids.every((id) => listed.some((s) => s.id === id));
-      if (recorded) seen.push(...listed.filter((s) => ids.includes(s.id)).map((s) => s.state));
-      else await new Promise((r) => setImmediate(r));
-    }
-    expect(recorded, 'the children were recorded while the fork ran').to.equal(true);
-    expect(seen, 'some children had no init yet when inspected').to.include('stopped');
+    const listed = await whenRecorded(fx, ids);
+    expect(listed, 'the children were recorded while the fork ran').to.not.equal(undefined);
+    expect(
+      listed!.map((s) => s.state),
+      'some children had no init yet when inspected',
+    ).to.include('stopped');
     // What each child's controller pass does when it finds its sandbox stopped.
     const inspected = await Promise.all(ids.map((id) => fx.rt.inspect(id, { revive: true })));
     const forked = await forking;
@@ -53,13 +63,8 @@ describe('procbox fork: a child inspected while its init starts', function () {
   it('a child destroyed while the batch starts it goes after the start; its siblings are unharmed', async () => {
     const ids = Array.from({ length: 8 }, (_, i) => `sib${i}`);
     const forking = fx.rt.fork('parent', ids);
-    let recorded = false;
-    for (let i = 0; i < 100_000 && !recorded; i++) {
-      const listed = await fx.rt.list();
-      recorded = listed.some((s) => s.id === 'sib3' && s.state === 'stopped');
-      if (!recorded) await new Promise((r) => setImmediate(r));
-    }
-    expect(recorded, 'sib3 was recorded, without an init yet, while the fork ran').to.equal(true);
+    const sib3 = (await whenRecorded(fx, ['sib3']))?.[0];
+    expect(sib3?.state, 'sib3 was recorded, without an init yet, while the fork ran').to.equal('stopped');
     const destroyed = fx.rt.destroy('sib3');
     const forked = await forking; // rejected when the teardown pulled the cgroups from under the batch
     await destroyed;
