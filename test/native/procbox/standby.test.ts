@@ -108,12 +108,17 @@ describe('procbox standby exec helpers', function () {
     s.stdout.on('data', (b: Buffer) => (out += b.toString()));
     s.stderr.resume();
     await eventually(() => out === 'started\n', 10_000, `the command to start (output so far ${JSON.stringify(out)})`);
-    const fds = readdirSync(`/proc/${helper}/fd`).map(Number);
-    expect(fds, "the helper's status fd").to.include(3);
-    expect(
-      fds.filter((n) => n <= 2),
-      "the helper's copies of the command's stdin, stdout and stderr",
-    ).to.deep.equal([]);
+    // The command can print before its helper has read the start report and closed its copies
+    // (the command may get the CPU first): wait for that, bounded. A helper that kept them
+    // would fail the wait.
+    const fds = () => readdirSync(`/proc/${helper}/fd`).map(Number);
+    const stdio = () => fds().filter((n) => n <= 2);
+    await eventually(
+      () => stdio().length === 0,
+      5000,
+      "the helper to close its copies of the command's stdin, stdout and stderr",
+    );
+    expect(fds(), "the helper's status fd").to.include(3);
     s.stdin.end('in\n');
     expect(await s.exit).to.include({ exitCode: 0 });
     expect(out).to.equal('started\ngot in\n');
