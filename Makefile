@@ -5,7 +5,7 @@ STATE_DIR ?= ./.fluxvm
 LISTEN ?= 127.0.0.1:7788
 PREFIX ?= /usr/local
 
-.PHONY: setup native sdk build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan deploy-render
+.PHONY: setup native sdk addon js build install uninstall run test vm-images generate verify lint format format-check deps bench clean asan deploy-render
 
 setup:
 	./hack/setup.sh
@@ -22,10 +22,20 @@ sdk/dist/index.js: $(SDK_SRC) sdk/tsconfig.json sdk/package.json | setup # order
 	@tmp=sdk/dist.tmp.$$$$; rm -rf $$tmp; echo "npx tsc -p sdk/tsconfig.json (into sdk/dist)"; \
 	npx tsc -p sdk/tsconfig.json --outDir $$tmp || { rm -rf $$tmp; exit 1; }; rm -rf sdk/dist; mv $$tmp sdk/dist
 
-build: setup native sdk
+build: native sdk addon js
+
+js: setup native sdk
 	npx tsc -p tsconfig.json
 	node hack/bundle-client-node.mjs # fluxctl's start-up: the part of client-node it uses, in one file
 	node console/build.mjs --check # the review console (console/README.md) into dist/console
+
+# better-sqlite3's native addon, which hack/setup.sh's `npm ci --ignore-scripts` leaves out: its
+# install script (a prebuilt binary from GitHub, else SQLite compiled here, about 70 s of one core)
+# run only when the addon is missing, so that under `make -j` it runs beside tsc and the linters.
+SQLITE_ADDON := node_modules/better-sqlite3/build/Release/better_sqlite3.node
+addon: setup
+	@if [ ! -f $(SQLITE_ADDON) ]; then echo "npm rebuild better-sqlite3 (its SQLite addon)"; \
+	npm rebuild --no-audit --no-fund better-sqlite3 >node_modules/.addon.log 2>&1 || { cat node_modules/.addon.log; exit 1; }; fi
 
 # fluxctl on PATH: a two-line wrapper that runs this checkout's dist/ with this node (never
 # `npx fluxctl`, which would ask the npm registry for a package of that name), and bash

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what FluxVM needs on Debian 12. Idempotent: apt-get runs only when a package
-# is missing, npm ci only when node_modules is older than package-lock.json.
+# is missing, npm ci only when node_modules is older than package-lock.json (SQLite's addon: `make addon`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +46,10 @@ if ! command -v kubectl >/dev/null; then
   echo "setup: note: kubectl is not on PATH; end-to-end tests that need it will be skipped" >&2
 fi
 
+# The packages without their install scripts: of the two that have one, esbuild's (a check of its
+# binary) runs here, and better-sqlite3's (compiling SQLite: about 70 s of one core) is the
+# Makefile's `addon` step, which `make -j` runs beside tsc, the linters and the VM images.
 if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-  npm ci --no-audit --no-fund
+  npm ci --no-audit --no-fund --ignore-scripts
+  npm rebuild --no-audit --no-fund esbuild
 fi
