@@ -1,7 +1,7 @@
 // API machinery measurements, printed as a markdown section; no pass/fail.
 //   npx tsx bench/apiserver.ts [--objects N] [--concurrency C] [--compare-objects M]
 //                              [--store-objects S] [--store-only] [--auth-objects A]
-//                              [--profile FILE.cpuprofile] [--probe FILE]
+//                              [--profile FILE.cpuprofile] [--probe FILE] [--node-args 'FLAGS']
 // First, in process: the object store's group commit beside raw better-sqlite3 single-row
 // commits, with the event loop's busy time (storeRuns).
 // In one run, on this machine: raw better-sqlite3 inserts of the same JSON (WAL,
@@ -21,7 +21,8 @@
 // The server runs as shipped (`make build` then `node dist/cmd/fluxctl/main.js serve`): the
 // sources are transpiled to JavaScript first (esbuild, one file per source, into a temp dir),
 // because under tsx the loader thread alone adds ~70 MiB of resident memory and some CPU.
-// `--tsx` runs the sources through tsx instead, as the e2e harness does.
+// `--tsx` runs the sources through tsx instead, as the e2e harness does. `--node-args` puts
+// Node/V8 flags before the server's script (for example to see what a GC setting does to RSS).
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -308,6 +309,7 @@ async function main() {
   const env: Record<string, string> = {};
   if (PROFILE || probeFile)
     env.NODE_OPTIONS = `--import=${new URL('./probe.mjs', import.meta.url).href}${probeFile ? ' --expose-gc' : ''}`;
+  const nodeArgs = (strArg('node-args') ?? '').split(' ').filter(Boolean);
   if (PROFILE) env.FLUXVM_CPU_PROFILE = path.resolve(PROFILE);
   if (probeFile) env.FLUXVM_PROBE = probeFile;
   const js = TSX ? undefined : await transpile(SOURCE);
@@ -315,7 +317,7 @@ async function main() {
   // (--insecure-http), comparable with earlier runs; the HTTPS + token + RBAC default is
   // measured beside the same run without auth in the section after (bench/auth.ts).
   const srv: Server = js
-    ? await startCompiled(js.entry, env)
+    ? await startCompiled(js.entry, env, undefined, nodeArgs)
     : await startFluxctl({ readyTimeoutMs: 60_000, env, args: ['--insecure-http'] }).then((f) => ({
         ...f,
         stop: async () => void (await f.stop()),

@@ -52,9 +52,10 @@ export async function startCompiled(
   entry: string,
   env: Record<string, string>,
   args: string[] = ['--insecure-http'],
+  nodeArgs: string[] = [],
 ): Promise<Server & { stateDir: string }> {
   const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-state-'));
-  const child = spawn(process.execPath, [entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args], {
+  const child = spawn(process.execPath, [...nodeArgs, entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args], {
     cwd: REPO,
     env: { ...process.env, ...env },
     stdio: ['ignore', 'pipe', 'pipe'],
