@@ -55,11 +55,15 @@ export async function startCompiled(
   nodeArgs: string[] = [],
 ): Promise<Server & { stateDir: string }> {
   const stateDir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-state-'));
-  const child = spawn(process.execPath, [...nodeArgs, entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args], {
-    cwd: REPO,
-    env: { ...process.env, ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawn(
+    process.execPath,
+    [...nodeArgs, entry, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0', ...args],
+    {
+      cwd: REPO,
+      env: { ...process.env, ...env },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   let out = '';
   child.stdout!.on('data', (d) => (out += d));
   child.stderr!.on('data', (d) => (out += d));
