@@ -6,7 +6,7 @@
 // it to: `bench/apiserver.ts` (10,000 Grants with their statuses written) ends at 443-450 MiB
 // resident with 166 MiB live. A fixed factor of 1.25 (`--heap-growing-percent=25`) ended at
 // 347-358 MiB in the same alternating runs, with the server's CPU per create and its list times
-// no worse (bench/RESULTS.md, `heap-growing`). V8 reads the flag at every full GC, so setting it
+// no worse (bench/RESULTS.md, `round-1206g`). V8 reads the flag at every full GC, so setting it
 // at run time takes effect from the next one.
 import v8 from 'node:v8';
 
