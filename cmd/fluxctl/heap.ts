@@ -10,11 +10,10 @@
 // at run time takes effect from the next one.
 import v8 from 'node:v8';
 
-export const SERVER_HEAP_GROWING_PERCENT = 25;
+const SERVER_HEAP_GROWING_PERCENT = 25;
 
-/** Sets the server's heap growing factor, unless the node command line already chose one. */
-export function serverHeap(execArgv: readonly string[] = process.execArgv): boolean {
-  if (execArgv.some((a) => /^--heap[-_]growing[-_]percent(=|$)/.test(a))) return false;
+/** Sets the server's heap growing factor, unless node's command line already chose one (a commander preAction hook). */
+export function serverHeap(): void {
+  if (process.execArgv.some((a) => /^--heap[-_]growing[-_]percent(=|$)/.test(a))) return;
   v8.setFlagsFromString(`--heap-growing-percent=${SERVER_HEAP_GROWING_PERCENT}`);
-  return true;
 }

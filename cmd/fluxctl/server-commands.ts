@@ -99,7 +99,7 @@ function positiveInt(v: string): number {
 
 /** Adds serve, controller and node-agent to the program. */
 export function addServerCommands(program: Command, setExit: (code: number) => void): void {
-  const serveCommand = sandboxLimitFlags(program.command('serve').hook('preAction', () => void serverHeap()))
+  const serveCommand = sandboxLimitFlags(program.command('serve').hook('preAction', serverHeap))
     .description('run the embedded control plane (API server, store, controllers)')
     .option('--state-dir <dir>', 'state directory (database, kubeconfig)', './.fluxvm')
     .option('--listen <host:port>', 'address to listen on', '127.0.0.1:7788')
@@ -257,7 +257,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
       );
     });
 
-  sandboxLimitFlags(program.command('controller').hook('preAction', () => void serverHeap()))
+  sandboxLimitFlags(program.command('controller').hook('preAction', serverHeap))
     .description('run the controllers against a remote API server (leader election on a Lease)')
     .option('--kubeconfig <path>', 'kubeconfig of the API server (default: in-cluster, then $KUBECONFIG)')
     .option('--leader-elect', 'reconcile only while holding the Lease', false)
@@ -342,7 +342,7 @@ export function addServerCommands(program: Command, setExit: (code: number) => v
       );
     });
 
-  egressFlags(sandboxLimitFlags(program.command('node-agent').hook('preAction', () => void serverHeap())))
+  egressFlags(sandboxLimitFlags(program.command('node-agent').hook('preAction', serverHeap)))
     .description("serve this node's sandbox runtime (procbox) to remote controllers")
     .requiredOption('--node-name <name>', 'the node this agent runs on')
     .option('--listen <host:port>', 'address to listen on', '0.0.0.0:7790')
