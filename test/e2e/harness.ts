@@ -113,6 +113,10 @@ export function httpRequest(
     );
     req.on('timeout', () => req.destroy(new Error(`${method} ${url}: no answer within ${o.timeoutMs ?? 30_000} ms`)));
     req.on('error', reject);
+    // An answer can come while the body is still being sent (a refused upload). Once the answer
+    // has ended, Node no longer forwards the socket's errors to the request, and the server may
+    // cut the connection on the rest of the body: that write's EPIPE would be an uncaught error.
+    req.on('socket', (s) => s.on('error', () => undefined));
     req.end(payload);
   });
 }
