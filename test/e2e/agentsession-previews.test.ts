@@ -10,13 +10,14 @@
 // the ledger, the audit log or the server's log. fluxctl agent expose|previews|unexpose.
 import { expect } from 'chai';
 import { createHash, randomBytes } from 'node:crypto';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import type { IncomingMessage } from 'node:http';
 import https from 'node:https';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { httpRequest, startFluxctl, type Fluxctl, type HttpResult } from './harness.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { filesUnder, textIfThere } from '../support/state-files.js';
 import { eventually } from '../support/wait.js';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 
@@ -69,16 +70,6 @@ srv.on('upgrade', (req, sock, head) => {
 });
 srv.listen(Number(process.argv[2]), '127.0.0.1');
 `;
-
-function filesUnder(dir: string): string[] {
-  const out: string[] = [];
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) out.push(...filesUnder(p));
-    else if (e.isFile()) out.push(p);
-  }
-  return out;
-}
 
 describe('e2e: AgentSession preview URLs (procbox)', function () {
   this.timeout(600_000);
@@ -400,11 +391,11 @@ describe('e2e: AgentSession preview URLs (procbox)', function () {
     expect(entries.find((e: any) => e.kind === 'preview.expose')).to.include.keys('id', 'port', 'expirationTimestamp');
     // No file of the state dir (store, WAL, audit log, ledgers, previews.json) and no log line holds a token.
     expect(tokens.length).to.be.at.least(3);
-    const files = filesUnder(stateDir);
+    const files = filesUnder(stateDir).map(({ f }) => f);
     expect(files.some((f) => f.endsWith('audit.log'))).to.equal(true);
     expect(files.some((f) => f.endsWith('previews.json'))).to.equal(true);
     for (const f of files) {
-      const text = readFileSync(f).toString('latin1');
+      const text = textIfThere(f);
       for (const t of tokens) expect(text.includes(t), `${t} in ${f}`).to.equal(false);
     }
     const logs = firstLogs + fx.logs();

@@ -6,13 +6,14 @@
 // 401; the token is in no file of the state dir (SQLite store, audit log, ledger, tokens
 // file) nor in the server's log, and the audit log records the calls as the session user.
 import { expect } from 'chai';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import yaml from 'js-yaml';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { Kubectl } from './kubectl.js';
 import { fluxctlInProcess, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { filesUnder, textIfThere } from '../support/state-files.js';
 
 const agsPath = (name: string, sub?: string) =>
   `/apis/fluxvm.dev/v1alpha1/namespaces/default/agentsessions/${name}${sub ? `/${sub}` : ''}`;
@@ -23,17 +24,6 @@ const session = (name: string, spec: Record<string, unknown> = {}) =>
     metadata: { name },
     spec: { agent: 'claude-code', policy: { preset: 'offline' }, ...spec },
   });
-
-/** Every regular file under dir (the state dir: SQLite store and WAL, audit log, ledgers, tokens files). */
-function filesUnder(dir: string): string[] {
-  const out: string[] = [];
-  for (const e of readdirSync(dir, { withFileTypes: true })) {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) out.push(...filesUnder(p));
-    else if (e.isFile()) out.push(p);
-  }
-  return out;
-}
 
 describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', function () {
   this.timeout(600_000);
@@ -262,15 +252,12 @@ describe('e2e: AgentSession tokens (kubectl and fluxctl with a session token)', 
   it('no token is in the store, the audit log, a ledger or tokens file, or the server log; the audit log names the session user', async () => {
     expect(minted.length).to.be.greaterThan(30);
     // Sandbox disk images are sparse and huge (a quota'd workspace): the token never went into a sandbox.
-    const files = filesUnder(fx.stateDir).filter(
-      (f) => !f.endsWith('kubeconfig') && statSync(f).size < 64 * 1024 * 1024,
-    );
+    const files = filesUnder(fx.stateDir)
+      .filter(({ f, size }) => !f.endsWith('kubeconfig') && size < 64 * 1024 * 1024)
+      .map(({ f }) => f);
     expect(files.some((f) => f.endsWith('fluxvm.db'))).to.equal(true);
     expect(files.some((f) => f.endsWith('tokens.json'))).to.equal(true);
-    const haystacks = [
-      ...files.map((f) => ({ f, text: readFileSync(f).toString('latin1') })),
-      { f: 'server log', text: fx.logs() },
-    ];
+    const haystacks = [...files.map((f) => ({ f, text: textIfThere(f) })), { f: 'server log', text: fx.logs() }];
     for (const { f, text } of haystacks) {
       expect(text.includes('fxst_'), `${f} holds a token prefix`).to.equal(false);
       for (const t of minted) expect(text.includes(t.slice(5)), `${f} holds a token`).to.equal(false);
