@@ -19,7 +19,10 @@ let x509Lib: Promise<typeof X509> | undefined;
  */
 export function loadX509(): Promise<typeof X509> {
   return (x509Lib ??= import('reflect-metadata').then(async () => {
-    const x509 = await import('@peculiar/x509');
+    const mod = await import('@peculiar/x509');
+    // A CommonJS package: node gives its exports both as named exports and as `default`; the
+    // bundle's import() (hack/bundle-fluxctl.mjs) gives them only as `default`.
+    const x509 = (mod.default as typeof X509 | undefined) ?? mod;
     x509.cryptoProvider.set(crypto);
     return x509;
   }));
