@@ -27,6 +27,7 @@ build: native sdk addon js
 js: setup native sdk
 	npx tsc -p tsconfig.json
 	node hack/bundle-client-node.mjs # fluxctl's start-up: the part of client-node it uses, in one file
+	node hack/bundle-fluxctl.mjs # dist/fluxctl/main.js: fluxctl and its packages in one bundle (split per verb)
 	node console/build.mjs --check # the review console (console/README.md) into dist/console
 
 # better-sqlite3's native addon, which hack/setup.sh's `npm ci --ignore-scripts` leaves out: its
@@ -42,7 +43,7 @@ addon: setup
 # completion where bash-completion looks for it.
 install: build
 	@mkdir -p $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/bash-completion/completions
-	@printf '#!/bin/sh\nexec "%s" "%s/dist/cmd/fluxctl/main.js" "$$@"\n' "$$(command -v node)" "$(CURDIR)" > $(DESTDIR)$(PREFIX)/bin/fluxctl
+	@printf '#!/bin/sh\nexec "%s" "%s/dist/fluxctl/main.js" "$$@"\n' "$$(command -v node)" "$(CURDIR)" > $(DESTDIR)$(PREFIX)/bin/fluxctl
 	@chmod 0755 $(DESTDIR)$(PREFIX)/bin/fluxctl
 	@ln -sf fluxctl $(DESTDIR)$(PREFIX)/bin/kubectl-fluxvm # the kubectl plugin: kubectl fluxvm exec -it NAME -- sh
 	@$(DESTDIR)$(PREFIX)/bin/fluxctl completion bash > $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
@@ -52,7 +53,7 @@ uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/fluxctl $(DESTDIR)$(PREFIX)/bin/kubectl-fluxvm $(DESTDIR)$(PREFIX)/share/bash-completion/completions/fluxctl
 
 run: build
-	node dist/cmd/fluxctl/main.js serve --state-dir $(STATE_DIR) --listen $(LISTEN)
+	node dist/fluxctl/main.js serve --state-dir $(STATE_DIR) --listen $(LISTEN)
 
 generate: setup
 	npx tsx hack/generate.ts

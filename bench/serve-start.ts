@@ -1,7 +1,9 @@
 // Time from spawning `fluxctl serve` (fresh state dir, as test/e2e/harness.ts starts it) to
 // /readyz answering 200, and of a restart on the same state dir. A/B: pass several checkouts
 // with --tree DIR (each with a built dist/, else its sources run through tsx); the rounds
-// alternate between them so the shared load falls on each alike.
+// alternate between them so the shared load falls on each alike. A tree with the one-bundle
+// build (dist/fluxctl/main.js, hack/bundle-fluxctl.mjs) is run both ways: from the bundle and
+// from tsc's modules (dist/cmd/fluxctl/main.js).
 //   npx tsx bench/serve-start.ts [--rounds 5] [--tree DIR ...]
 import { spawn, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
@@ -21,12 +23,25 @@ process.on('exit', () => {
   for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill('SIGKILL');
 });
 
-function command(tree: string): string[] {
-  const dist = path.join(tree, 'dist', 'cmd', 'fluxctl', 'main.js');
-  return fs.existsSync(dist)
-    ? [process.execPath, dist]
-    : [process.execPath, '--import', 'tsx', path.join(tree, 'cmd', 'fluxctl', 'main.ts')];
+type Variant = { label: string; tree: string; argv: string[] };
+
+/** The ways a tree's fluxctl can run: its bundle and its modules when built, else its sources through tsx. */
+function variants(tree: string): Variant[] {
+  const label = path.relative(repo, tree) || '.';
+  const bundle = path.join(tree, 'dist', 'fluxctl', 'main.js');
+  const modules = path.join(tree, 'dist', 'cmd', 'fluxctl', 'main.js');
+  const out: Variant[] = [];
+  if (fs.existsSync(bundle)) out.push({ label: `${label} (bundle)`, tree, argv: [process.execPath, bundle] });
+  if (fs.existsSync(modules)) out.push({ label: `${label} (modules)`, tree, argv: [process.execPath, modules] });
+  if (!out.length)
+    out.push({
+      label: `${label} (tsx)`,
+      tree,
+      argv: [process.execPath, '--import', 'tsx', path.join(tree, 'cmd', 'fluxctl', 'main.ts')],
+    });
+  return out;
 }
+const runs = trees.flatMap(variants);
 
 /** CPU milliseconds (user + system) the process has used so far, from /proc (clock ticks of 10 ms). */
 function cpuMs(pid: number): number {
@@ -38,10 +53,10 @@ function cpuMs(pid: number): number {
 /**
  * Milliseconds from spawn to /readyz 200 and the server's CPU milliseconds by then; then SIGTERM and wait for the exit.
  */
-async function once(tree: string, stateDir: string): Promise<{ ms: number; cpu: number }> {
-  const argv = [...command(tree), 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'];
+async function once(v: Variant, stateDir: string): Promise<{ ms: number; cpu: number }> {
+  const argv = [...v.argv, 'serve', '--state-dir', stateDir, '--listen', '127.0.0.1:0'];
   const t0 = performance.now();
-  const child = spawn(argv[0]!, argv.slice(1), { cwd: tree, stdio: ['ignore', 'pipe', 'pipe'] });
+  const child = spawn(argv[0]!, argv.slice(1), { cwd: v.tree, stdio: ['ignore', 'pipe', 'pipe'] });
   children.add(child);
   let out = '';
   child.stdout.on('data', (d) => (out += d));
@@ -73,11 +88,11 @@ async function once(tree: string, stateDir: string): Promise<{ ms: number; cpu: 
 }
 
 type Run = { ms: number; cpu: number };
-const fresh = new Map<string, Run[]>(trees.map((t) => [t, []]));
-const restart = new Map<string, Run[]>(trees.map((t) => [t, []]));
+const fresh = new Map<Variant, Run[]>(runs.map((v) => [v, []]));
+const restart = new Map<Variant, Run[]>(runs.map((v) => [v, []]));
 const load = os.loadavg()[0]!.toFixed(2);
 for (let i = 0; i < rounds; i++) {
-  for (const t of i % 2 ? [...trees].reverse() : trees) {
+  for (const t of i % 2 ? [...runs].reverse() : runs) {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'fluxvm-bench-serve-'));
     try {
       fresh.get(t)!.push(await once(t, dir));
@@ -88,16 +103,16 @@ for (let i = 0; i < rounds; i++) {
   }
 }
 section('fluxctl serve start (spawn to /readyz 200)', [
-  `${rounds} rounds, trees alternating; load average ${load} before, ${os.loadavg()[0]!.toFixed(2)} after.`,
+  `${rounds} rounds, trees and entries alternating; load average ${load} before, ${os.loadavg()[0]!.toFixed(2)} after.`,
   '',
   "Wall: spawn to /readyz 200, median (min-max) ms. CPU: the server process's user + system ms by then (median), less sensitive to the load.",
   '',
-  '| tree | fresh state dir: wall | CPU | restart on the same state dir: wall | CPU |',
+  '| tree (entry) | fresh state dir: wall | CPU | restart on the same state dir: wall | CPU |',
   '|---|---|---|---|---|',
-  ...trees.map((t) => {
+  ...runs.map((t) => {
     const show = (xs: number[]) =>
       `${median(xs).toFixed(0)} (${Math.min(...xs).toFixed(0)}-${Math.max(...xs).toFixed(0)})`;
     const cols = (runs: Run[]) => `${show(runs.map((r) => r.ms))} | ${median(runs.map((r) => r.cpu)).toFixed(0)}`;
-    return `| ${path.relative(repo, t) || '.'} | ${cols(fresh.get(t)!)} | ${cols(restart.get(t)!)} |`;
+    return `| ${t.label} | ${cols(fresh.get(t)!)} | ${cols(restart.get(t)!)} |`;
   }),
 ]);

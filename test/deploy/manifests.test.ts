@@ -516,7 +516,12 @@ describe('deploy/: the kustomize install, rendered by kubectl kustomize', functi
       expect(f, f).to.match(/:(\d+\.\d+\.\d+[^@\s]*)(@sha256:[0-9a-f]{64})?$|@sha256:[0-9a-f]{64}$/);
     const lastStage = text.slice(text.lastIndexOf('\nFROM '));
     expect(lastStage).to.match(/^USER\s+65532(:65532)?$/m);
-    expect(lastStage).to.match(/^ENTRYPOINT \["node", "[^"]*dist\/cmd\/fluxctl\/main\.js"\]$/m);
+    // fluxctl runs from its bundle (hack/bundle-fluxctl.mjs), which the build stage makes after tsc.
+    expect(lastStage).to.match(/^ENTRYPOINT \["node", "[^"]*dist\/fluxctl\/main\.js"\]$/m);
+    const buildStage = text.slice(0, text.lastIndexOf('\nFROM '));
+    const tsc = buildStage.indexOf('npx tsc -p tsconfig.json');
+    expect(tsc).to.be.greaterThan(0);
+    expect(buildStage.indexOf('node hack/bundle-fluxctl.mjs')).to.be.greaterThan(tsc);
     const ignore = readFileSync(join(REPO, '.dockerignore'), 'utf8').split('\n');
     for (const p of ['.git', 'node_modules', 'dist']) expect(ignore).to.include(p);
   });

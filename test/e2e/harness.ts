@@ -174,18 +174,22 @@ function newestMtime(dir: string): number {
   return newest;
 }
 
-/** argv prefix that runs fluxctl: dist when fresh, else the sources through tsx. */
+/**
+ * argv prefix that runs fluxctl: the build's bundle (dist/fluxctl/main.js, what `make run` and the
+ * installed fluxctl start) when it is fresh, else tsc's modules when they are, else the sources
+ * through tsx.
+ */
 export function fluxctlCommand(): string[] {
-  const dist = path.join(REPO, 'dist', 'cmd', 'fluxctl', 'main.js');
-  if (fs.existsSync(dist)) {
-    const built = fs.statSync(dist).mtimeMs;
-    const src = Math.max(
-      ...['cmd', 'runtime', 'apis', 'controllers', 'native']
-        .filter((d) => fs.existsSync(path.join(REPO, d)))
-        .map((d) => newestMtime(path.join(REPO, d))),
-    );
-    if (built >= src) return [process.execPath, dist];
-  }
+  const src = Math.max(
+    ...['cmd', 'runtime', 'apis', 'controllers', 'native']
+      .filter((d) => fs.existsSync(path.join(REPO, d)))
+      .map((d) => newestMtime(path.join(REPO, d))),
+  );
+  for (const dist of [
+    path.join(REPO, 'dist', 'fluxctl', 'main.js'),
+    path.join(REPO, 'dist', 'cmd', 'fluxctl', 'main.js'),
+  ])
+    if (fs.existsSync(dist) && fs.statSync(dist).mtimeMs >= src) return [process.execPath, dist];
   return [process.execPath, '--import', 'tsx', path.join(REPO, 'cmd', 'fluxctl', 'main.ts')];
 }
 
