@@ -1,6 +1,6 @@
 // Files: `fluxctl cp` (the real binary) over sandboxes/tar against a real `fluxctl
 // serve`. A tree with modes, spaces, a symlink and a 100 MiB file goes in and comes back
-// byte-identical; a 1 GiB tree streams with the server's peak RSS growing by less than 96 MiB;
+// byte-identical; a 512 MiB tree streams with the server's peak RSS growing by less than 96 MiB;
 // hostile archives sent to the server are refused with nothing written; a sandbox that plants
 // symlinks cannot make cp write outside the local destination.
 import { expect } from 'chai';
@@ -115,10 +115,10 @@ describe('fluxctl cp', function () {
     expect(fs.statSync(path.join(work, 'r.sh')).mode & 0o7777).to.equal(0o755);
   });
 
-  it('a 1 GiB tree streams through the server in bounded memory (peak RSS grows by < 96 MiB)', async () => {
+  it('a 512 MiB tree streams through the server in bounded memory (peak RSS grows by < 96 MiB)', async () => {
     const src = path.join(work, 'gig');
     fs.mkdirSync(src);
-    for (let i = 0; i < 4; i++) {
+    for (let i = 0; i < 2; i++) {
       const fd = fs.openSync(path.join(src, `part${i}`), 'w');
       fs.ftruncateSync(fd, 256 << 20); // sparse locally; 256 MiB of zeros on the wire each
       fs.closeSync(fd);
@@ -140,16 +140,17 @@ describe('fluxctl cp', function () {
       expect(down.code, down.stderr).to.equal(0);
       const t2 = Date.now();
       console.log(
-        `      1 GiB in ${t1 - t0} ms, out ${t2 - t1} ms (each with a fluxctl start); server RSS ${mib(base)} MiB before, at most ${mib(most)} MiB while copying; peak ${mib(before)} -> ${mib(rss(pid))} MiB`,
+        `      512 MiB in ${t1 - t0} ms, out ${t2 - t1} ms (each with a fluxctl start); server RSS ${mib(base)} MiB before, at most ${mib(most)} MiB while copying; peak ${mib(before)} -> ${mib(rss(pid))} MiB`,
       );
-      expect(fs.statSync(path.join(back, 'part3')).size).to.equal(256 << 20);
+      expect(fs.statSync(path.join(back, 'part1')).size).to.equal(256 << 20);
     } finally {
       clearInterval(sampler);
     }
     // The bound is 96 MiB, not 64: every read from a socket or a pipe is a new Buffer outside V8's
     // heap, and V8 collects them once about 64 MiB of such memory has grown since its last
     // collection, later on a machine whose CPUs are busy (its marking runs on starved threads). A
-    // stream without backpressure, or one that kept its chunks, grows by hundreds of MiB here.
+    // stream without backpressure, or one that kept its chunks, grows by hundreds of MiB here (the
+    // tree is 512 MiB, over five times the bound; 1 GiB took 50 s of the suite's time for the same check).
     expect(rss(pid) - before, 'peak RSS growth').to.be.below(96 << 20);
     expect(most - base, 'RSS growth while copying').to.be.below(96 << 20);
     await exec(fx, 'cpy', 'rm -rf /work/gig');
