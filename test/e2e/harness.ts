@@ -66,6 +66,9 @@ export interface RequestOptions {
   timeoutMs?: number;
 }
 
+/** The socket error listener of httpRequest (below): errors after the answer has ended are dropped. */
+function ignoreLateSocketError(): void {}
+
 /**
  * One HTTP(S) request; trusts `ca` when given. Never rejects on a status code, only when
  * the request cannot be made (connection refused, TLS failure, timeout).
@@ -116,7 +119,10 @@ export function httpRequest(
     // An answer can come while the body is still being sent (a refused upload). Once the answer
     // has ended, Node no longer forwards the socket's errors to the request, and the server may
     // cut the connection on the rest of the body: that write's EPIPE would be an uncaught error.
-    req.on('socket', (s) => s.on('error', () => undefined));
+    // One listener per socket: a kept-alive socket serves many requests.
+    req.on('socket', (s) => {
+      if (!s.listeners('error').includes(ignoreLateSocketError)) s.on('error', ignoreLateSocketError);
+    });
     req.end(payload);
   });
 }
