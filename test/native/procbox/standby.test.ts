@@ -42,6 +42,23 @@ async function oneStandby(initPid: number, not?: number): Promise<number> {
   return pid;
 }
 
+/** The exec helper (`procbox exec ...`) whose child runs `sh -c script`. */
+function helperOf(script: string): number {
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const argv = readFileSync(`/proc/${d}/cmdline`, 'utf8').split('\0');
+      if (argv[0] !== 'sh' || argv[1] !== '-c' || argv[2] !== script) continue;
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const ppid = Number(stat.slice(stat.lastIndexOf(')') + 2).split(' ')[1]);
+      if (readFileSync(`/proc/${ppid}/cmdline`, 'utf8').split('\0')[1] === 'exec') return ppid;
+    } catch {
+      // gone meanwhile
+    }
+  }
+  throw new Error(`no exec helper runs sh -c ${JSON.stringify(script)}`);
+}
+
 /** The v1 cgroups (controller -> path) of a process, from /proc/PID/cgroup. */
 function v1Cgroups(pid: number): Record<string, string> {
   const out: Record<string, string> = {};
@@ -102,12 +119,16 @@ describe('procbox standby exec helpers', function () {
 
   it("while a command runs its helper holds none of the command's stdio (the output ends with the command)", async () => {
     const info = await fx.rt.inspect('sb1');
-    const helper = await oneStandby(info.pid!);
-    const s = await fx.rt.execStream('sb1', { argv: ['sh', '-c', 'echo started; read x; echo "got $x"'] });
+    await oneStandby(info.pid!);
+    const script = 'echo started; read x; echo "got $x"';
+    const s = await fx.rt.execStream('sb1', { argv: ['sh', '-c', script] });
     let out = '';
     s.stdout.on('data', (b: Buffer) => (out += b.toString()));
     s.stderr.resume();
     await eventually(() => out === 'started\n', 10_000, `the command to start (output so far ${JSON.stringify(out)})`);
+    // The helper is the command's parent: usually the standby, but one taken before the runtime had
+    // connected to it is replaced by a fresh helper (a race under load), and the property is the same.
+    const helper = helperOf(script);
     // The command can print before its helper has read the start report and closed its copies
     // (the command may get the CPU first): wait for that, bounded. A helper that kept them
     // would fail the wait.
