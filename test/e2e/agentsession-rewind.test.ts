@@ -4,7 +4,7 @@
 // points, and a kill -9 between a point and its step.
 import { expect } from 'chai';
 import { execFileSync } from 'node:child_process';
-import { existsSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
@@ -283,7 +283,6 @@ describe('e2e: AgentSession rewind (procbox)', function () {
       );
       await fx.kill9();
       fx = await startFluxctl({ stateDir });
-      process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
       await eventually(
         async () => {
           return (await ledger(name)).some((e) => e.kind === kind);
@@ -327,7 +326,6 @@ describe('e2e: AgentSession rewind (procbox)', function () {
     const stateDir = fx.stateDir;
     await fx.stop({ keepState: true });
     fx = await startFluxctl({ stateDir, env: { FLUXVM_REWIND_TEST_HOLD: 'bisect' } });
-    process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
     await kubectlOk(fx, ['wait', 'ags/kb', '--for=condition=Ready', '--timeout=120s']);
     let answered: string | undefined;
     void fx.request('POST', agsPath('kb', 'rewind/bisect'), { body: { test: 'true' }, timeoutMs: 300_000 }).then(

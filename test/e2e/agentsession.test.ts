@@ -4,7 +4,7 @@
 // timeline, rm), policy and budget refusals as kubectl-style errors, the ledger's watch
 // cursor across a dropped connection, and sessions and their ledger across a server restart.
 import { expect } from 'chai';
-import { existsSync, rmSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import WebSocket from 'ws';
 import { fluxctlCommand, startFluxctl, type Fluxctl } from './harness.js';
@@ -336,7 +336,6 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
       await fx.kill9();
       await req;
       fx = await startFluxctl({ stateDir });
-      process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
       const s = await eventually(
         async () => {
           const o = JSON.parse(await kubectlOk(fx, ['get', 'ags', session, '-o', 'json']));
@@ -379,24 +378,20 @@ describe('e2e: AgentSessions (kubectl and fluxctl agent, procbox)', function () 
     await apiExec(fx, 'r1', 'echo keep > /work/k');
     const stateDir = fx.stateDir;
     await fx.kill9();
+    // The restarted fixture owns the state dir now (the harness removes it with that server).
     fx = await startFluxctl({ stateDir });
-    try {
-      await kubectlOk(fx, ['wait', 'ags/r1', '--for=condition=Ready', '--timeout=60s']);
-      expect(await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'cat /work/k'])).to.equal('keep\n');
-      const tl = await fluxOk(fx, ['agent', 'timeline', 'r1']);
-      expect(
-        tl
-          .trim()
-          .split('\n')
-          .map((l) => l.trim().split(/\s+/)[2]),
-      ).to.deep.equal(['session.create', 'exec', 'exec']);
-      await apiExec(fx, 'r1', 'true');
-      expect((await fx.fluxctl(['agent', 'exec', 'r1', '--', 'true'], { timeoutMs: 60_000 })).stderr).to.match(
-        /budget\.maxExecs is 3, the session used 3/,
-      );
-    } finally {
-      // the restarted server was given the state dir: it is not removed by stop()
-      process.on('exit', () => rmSync(stateDir, { recursive: true, force: true }));
-    }
+    await kubectlOk(fx, ['wait', 'ags/r1', '--for=condition=Ready', '--timeout=60s']);
+    expect(await fluxOk(fx, ['agent', 'exec', 'r1', '--', 'cat /work/k'])).to.equal('keep\n');
+    const tl = await fluxOk(fx, ['agent', 'timeline', 'r1']);
+    expect(
+      tl
+        .trim()
+        .split('\n')
+        .map((l) => l.trim().split(/\s+/)[2]),
+    ).to.deep.equal(['session.create', 'exec', 'exec']);
+    await apiExec(fx, 'r1', 'true');
+    expect((await fx.fluxctl(['agent', 'exec', 'r1', '--', 'true'], { timeoutMs: 60_000 })).stderr).to.match(
+      /budget\.maxExecs is 3, the session used 3/,
+    );
   });
 });
