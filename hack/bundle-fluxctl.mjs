@@ -1,16 +1,12 @@
 // Bundles fluxctl (dist/cmd/fluxctl/main.js, tsc's output, and the packages it imports) into
 // dist/fluxctl/: main.js plus chunks, split at every dynamic import so that a command still
-// loads only what its verb needs.
-// Why: resolving and loading the ~350 CommonJS files of fastify, ajv, prom-client, pino, semver
-// and the rest, and the ~800 ES modules of dist/, is most of what a start costs. Measured on the
-// 2-core host: `fluxctl serve` used 1.8-2.0 s of CPU until /readyz answered from dist/cmd and
-// 1.1-1.2 s from this bundle; `fluxctl get sandboxes` 0.47 s against 0.36 s. The test suite
-// starts a server about 120 times and runs fluxctl hundreds of times.
+// loads only what its verb needs. Why, and what it saves (a server's start, a CLI command):
+// docs/decisions/0011-fluxctl-runs-from-a-bundle.md.
 // The code is unchanged: every module of dist/ keeps the location it has in dist/cmd's layout,
 // because each `import.meta.url` in it is rewritten to that module's own file (native helpers,
-// worker scripts and the console's files are found relative to it). Packages loaded through
-// createRequire at run time (better-sqlite3's addon, pino-pretty, @peculiar/x509, client-node's
-// bundle) stay outside, as do the worker scripts, which run from dist/ as before.
+// worker scripts and the console's files are found relative to it). What is loaded through
+// createRequire at run time (pino-pretty, @peculiar/asn1-*, client-node's bundle) and
+// better-sqlite3's addon stay outside, as do the worker scripts, which run from dist/ as before.
 import { build } from 'esbuild';
 import fs from 'node:fs';
 import path from 'node:path';
