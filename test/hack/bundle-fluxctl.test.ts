@@ -4,10 +4,10 @@
 // every verb's packages at start-up.
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
+import { loadedBy } from '../support/import-trace/loaded-by.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
 const out = path.join(root, 'dist', 'fluxctl');
@@ -57,37 +57,18 @@ describe('hack/bundle-fluxctl.mjs: fluxctl in one bundle', function () {
     for (const p of ['node_modules/ws', 'node_modules/tar', 'node_modules/pino', 'dist/runtime/controller/manager.js'])
       expect(everywhere.has(p), p).to.equal(true);
     // ... and importing the entry, as any command does first, loads none of them.
-    const dir = mkdtempSync(path.join(tmpdir(), 'fluxvm-bundle-'));
-    try {
-      const trace = path.join(dir, 'trace.txt');
-      const r = spawnSync(
-        process.execPath,
-        [
-          '--import',
-          path.join(root, 'test/support/import-trace/register.mjs'),
-          '--input-type=module',
-          '-e',
-          `await import(${JSON.stringify(path.join(out, 'main.js'))});`,
-        ],
-        { env: { ...process.env, IMPORT_TRACE_FILE: trace }, encoding: 'utf8', timeout: 60_000 },
-      );
-      expect(r.status, r.stderr).to.equal(0);
-      const loaded = readFileSync(trace, 'utf8')
-        .split('\n')
-        .filter((u) => u.startsWith('file:') && path.dirname(fileURLToPath(u)) === out)
-        .map((u) => path.basename(fileURLToPath(u)));
-      expect(loaded).to.include('main.js');
-      expect(loaded.length).to.be.lessThan(files.size);
-      const held = new Set(loaded.flatMap((f) => [...contents(files.get(f)!)]));
-      const heavy = [...held].filter((p) =>
-        /^node_modules\/(ws|tar|diff|pino|p-queue)$|^dist\/runtime\/controller\/manager\.js$|^dist\/native\/workspace\/manifest\.js$/.test(
-          p,
-        ),
-      );
-      expect(heavy).to.deep.equal([]);
-    } finally {
-      rmSync(dir, { recursive: true, force: true });
-    }
+    const loaded = loadedBy(path.join(out, 'main.js'))
+      .filter((u) => u.startsWith('file:') && path.dirname(fileURLToPath(u)) === out)
+      .map((u) => path.basename(fileURLToPath(u)));
+    expect(loaded).to.include('main.js');
+    expect(loaded.length).to.be.lessThan(files.size);
+    const held = new Set(loaded.flatMap((f) => [...contents(files.get(f)!)]));
+    const heavy = [...held].filter((p) =>
+      /^node_modules\/(ws|tar|diff|pino|p-queue)$|^dist\/runtime\/controller\/manager\.js$|^dist\/native\/workspace\/manifest\.js$/.test(
+        p,
+      ),
+    );
+    expect(heavy).to.deep.equal([]);
   });
 
   it('runs: the bundle prints its version and the help of a verb', function () {

@@ -2,36 +2,17 @@
 // needs are imported when it is used (the suite starts serve about 110 times; so do operators).
 import { expect } from 'chai';
 import { spawnSync } from 'node:child_process';
-import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { qemuInstalled } from '../../../native/vm/qemu.js';
+import { loadedBy as loadedByFile } from '../../support/import-trace/loaded-by.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../../..');
 
 /** The URLs a fresh node process loads when it imports `module` (a dist/ file). */
-function loadedBy(module: string): string[] {
-  const dir = mkdtempSync(path.join(tmpdir(), 'fluxvm-imports-'));
-  try {
-    const trace = path.join(dir, 'trace.txt');
-    const r = spawnSync(
-      process.execPath,
-      [
-        '--import',
-        path.join(root, 'test/support/import-trace/register.mjs'),
-        '--input-type=module',
-        '-e',
-        `await import(${JSON.stringify(path.join(root, module))});`,
-      ],
-      { env: { ...process.env, IMPORT_TRACE_FILE: trace }, encoding: 'utf8', timeout: 60_000 },
-    );
-    expect(r.status, r.stderr).to.equal(0);
-    return readFileSync(trace, 'utf8').split('\n').filter(Boolean);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
-}
+const loadedBy = (module: string): string[] => loadedByFile(path.join(root, module));
 
 describe('start-up imports (fluxctl serve)', function () {
   let dir: string;
