@@ -70,14 +70,10 @@ function copyCheckout(dst: string): void {
   run('tar', ['-xf', '.files.tar'], dst);
   rmSync(join(dst, '.files.tar'));
   symlinkSync(join(REPO, 'node_modules'), join(dst, 'node_modules'));
-  // The kernel package and the built image (reused when its inputs match; rebuilt otherwise),
-  // so no Debian mirror is needed.
-  for (const d of ['cache', 'image']) {
-    const from = join(REPO, 'native', 'vm', 'build', d);
-    if (existsSync(from)) cpSync(from, join(dst, 'native', 'vm', 'build', d), { recursive: true });
-  }
   // The helpers as this checkout built them, their times kept: make finds them up to date (it still
-  // builds what is missing or stale). Compiling them again cost 10-21 s of the suite.
+  // builds what is missing or stale; compiling them again cost 10-21 s of the suite). native/vm/build
+  // holds the kernel package and the built image too (reused when its inputs match; rebuilt
+  // otherwise), so no Debian mirror is needed.
   for (const d of ['native/procbox/build', 'native/egress/build', 'native/vm/build']) {
     const from = join(REPO, d);
     if (existsSync(from)) cpSync(from, join(dst, d), { recursive: true, preserveTimestamps: true });
