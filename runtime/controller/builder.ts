@@ -143,8 +143,10 @@ export class ControllerBuilder<T extends KubeObject> {
     const writes = new OwnWrites();
     const client = writes.wrap(m.client);
     const informer = m.informer<T>(gvr);
+    // The recorder writes with the manager's client, not the read-your-writes one: no pass reads
+    // an Event back, so OwnWrites would keep every Event's answer for nothing.
     const recorder = new EventRecorder({
-      client,
+      client: m.client,
       component: `fluxvm-${this.name_}-controller`,
       log: m.log,
       clock: m.clock,

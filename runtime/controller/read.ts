@@ -34,13 +34,22 @@ export async function cachedGet<T extends KubeObject>(
  * round trip and a request at the server while it delivered the write to every watch. A delete's
  * answer is not kept (the object may be gone): the API answers. resourceVersions are compared as
  * the integers this server issues (runtime/apiserver: one global sequence); an object kube would
- * call opaque is ours to compare here. Entries go once the cache has caught up, and a kept answer
- * is used only within KEEP_ANSWER_MS of its write, so the map holds only writes in flight.
+ * call opaque is ours to compare here. Only writes in flight are held: an entry goes once the
+ * cache has caught up, its answer after KEEP_ANSWER_MS (then the API answers), and the entry itself
+ * after FORGET_MS. Without that last bound a write whose object no pass reads back (a child the
+ * controller made) stayed, with its answer, for the life of the process; a cache five minutes
+ * behind is a broken watch, which the informer replaces by a relist.
  */
 export class OwnWrites {
-  private readonly written = new Map<string, { rv: bigint; answer?: KubeObject; at: number }>();
+  // Both in the order written (an entry rewritten moves to the end), so the expired ones are at the front.
+  private readonly written = new Map<string, { rv: bigint; at: number }>();
+  private readonly answers = new Map<string, { rv: bigint; answer: KubeObject; at: number }>();
   /** How long a write's answer stands in for a lagging cache (then the API answers). */
   static readonly KEEP_ANSWER_MS = 10_000;
+  /** How long a write is remembered at all. */
+  static readonly FORGET_MS = 300_000;
+
+  constructor(private readonly now: () => number = () => Date.now()) {}
 
   private static key(gvr: GVR, namespace: string | undefined, name: string): string {
     return `${gvr.group}/${gvr.resource}/${namespace ?? ''}/${name}`;
@@ -51,13 +60,36 @@ export class OwnWrites {
     return v && /^\d+$/.test(v) ? BigInt(v) : undefined;
   }
 
+  /** How many writes (and kept answers) are remembered. */
+  get size(): { writes: number; answers: number } {
+    this.expire(this.now());
+    return { writes: this.written.size, answers: this.answers.size };
+  }
+
+  private expire(now: number): void {
+    for (const [k, e] of this.answers) {
+      if (now - e.at <= OwnWrites.KEEP_ANSWER_MS) break;
+      this.answers.delete(k);
+    }
+    for (const [k, e] of this.written) {
+      if (now - e.at <= OwnWrites.FORGET_MS) break;
+      this.written.delete(k);
+    }
+  }
+
   /** Notes the object a write of this controller returned (`keep`: it may stand in for the cache). */
   record(gvr: GVR, o: KubeObject | undefined, keep = false): void {
     const rv = OwnWrites.rv(o);
     if (rv === undefined || !o?.metadata?.name) return;
+    const now = this.now();
+    this.expire(now);
     const k = OwnWrites.key(gvr, o.metadata.namespace, o.metadata.name);
     const prev = this.written.get(k);
-    if (prev === undefined || rv > prev.rv) this.written.set(k, { rv, answer: keep ? o : undefined, at: Date.now() });
+    if (prev !== undefined && rv <= prev.rv) return;
+    this.written.delete(k);
+    this.written.set(k, { rv, at: now });
+    this.answers.delete(k);
+    if (keep) this.answers.set(k, { rv, answer: o, at: now });
   }
 
   /** Whether `cached` is older than this controller's last write of it (forgets writes it has caught up with). */
@@ -70,15 +102,17 @@ export class OwnWrites {
    * forgotten); else that write's answer while it is kept, or null (the API must answer).
    */
   newer(gvr: GVR, cached: KubeObject): KubeObject | null | undefined {
+    this.expire(this.now());
     const k = OwnWrites.key(gvr, cached.metadata.namespace, cached.metadata.name!);
     const mine = this.written.get(k);
     if (mine === undefined) return undefined;
     const have = OwnWrites.rv(cached);
     if (have !== undefined && have >= mine.rv) {
       this.written.delete(k);
+      this.answers.delete(k);
       return undefined;
     }
-    return mine.answer && Date.now() - mine.at <= OwnWrites.KEEP_ANSWER_MS ? mine.answer : null;
+    return this.answers.get(k)?.answer ?? null;
   }
 
   /** `client` with every write's answer recorded. */

@@ -55,6 +55,13 @@ describe('controller builder', () => {
         'Seen',
         'fluxvm-sandbox-controller',
       ]);
+      // The recorder's Events are not kept as the controller's own writes: no pass reads an Event
+      // back, so its answer would stay in OwnWrites for nothing (one parsed Event per event).
+      const ev = events.items.find((e) => e.reason === 'Seen')!;
+      expect(ctx.writes.behind(eventsGVR, { ...ev, metadata: { ...ev.metadata, resourceVersion: '1' } })).to.equal(
+        false,
+      );
+      expect(ctx.writes.size.writes, 'the patch was forgotten once behind() saw it caught up').to.equal(0);
     } finally {
       ac.abort();
       await running;

@@ -8,7 +8,7 @@ import { Informer } from '../../../runtime/controller/informer.js';
 import { cachedGet, OwnWrites, primaryGet } from '../../../runtime/controller/read.js';
 import { MAX_STATUS_ATTEMPTS, writeStatus } from '../../../runtime/controller/status.js';
 import { isConflict, isNotFound } from '../../../runtime/meta/errors.js';
-import type { GVR } from '../../../runtime/meta/types.js';
+import type { GVR, KubeObject } from '../../../runtime/meta/types.js';
 import { makeEnv, SBX, sandbox, type Env } from './env.js';
 
 const T0 = Date.parse('2026-01-01T00:00:00Z');
@@ -260,6 +260,40 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
     await client.delete(SBX, 'default', 'a');
     expect(await primaryGet<Sandbox>(client, SBX, key, inf, writes)).to.equal(undefined);
     expect(gets).to.deep.equal(['a', 'nope', 'a']);
+  });
+});
+
+describe('runtime/controller OwnWrites holds only writes in flight', () => {
+  it('an answer goes after KEEP_ANSWER_MS and a write no pass reads back after FORGET_MS (10,000 writes: none left)', () => {
+    let now = 1_000_000;
+    const writes = new OwnWrites(() => now);
+    const obj = (i: number, rv: number) =>
+      ({
+        apiVersion: 'v1',
+        kind: 'Event',
+        metadata: { namespace: 'default', name: `e${i}`, resourceVersion: String(rv) },
+      }) as KubeObject;
+    const EV: GVR = { group: '', version: 'v1', resource: 'events' };
+    for (let i = 0; i < 10_000; i++) writes.record(EV, obj(i, i + 1), true);
+    expect(writes.size).to.deep.equal({ writes: 10_000, answers: 10_000 });
+    // Within the window the answer stands in for a lagging cache.
+    expect(writes.newer(EV, obj(5, 1))?.metadata.resourceVersion).to.equal('6');
+    now += OwnWrites.KEEP_ANSWER_MS;
+    expect(writes.size.answers, 'at the edge: kept').to.equal(10_000);
+    now += 1;
+    expect(writes.size).to.deep.equal({ writes: 10_000, answers: 0 });
+    // Still remembered: the API must answer (null), not the stale copy.
+    expect(writes.newer(EV, obj(5, 1))).to.equal(null);
+    // A later write of one object moves it to the end: it outlives the others.
+    writes.record(EV, obj(7, 20_000), true);
+    now += OwnWrites.FORGET_MS - OwnWrites.KEEP_ANSWER_MS - 1;
+    expect(writes.size.writes, 'at the edge: remembered').to.equal(10_000);
+    now += 1;
+    expect(writes.size).to.deep.equal({ writes: 1, answers: 0 });
+    expect(writes.newer(EV, obj(5, 1)), 'forgotten').to.equal(undefined);
+    expect(writes.newer(EV, obj(7, 1))).to.equal(null);
+    now += OwnWrites.FORGET_MS;
+    expect(writes.size).to.deep.equal({ writes: 0, answers: 0 });
   });
 });
 
