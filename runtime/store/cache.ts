@@ -34,18 +34,61 @@ function deepFreeze<T>(v: T): T {
 
 const NOT_JSON = Symbol('not JSON data');
 
+// managedFields' fieldsV1 trees, shared between the objects whose trees are equal. Most of an
+// object's parsed size is its managedFields (one nested object per field a manager set: about 60
+// objects for a Grant with a status), and objects of a kind written by the same managers carry
+// equal trees: 10,000 Grants hold a handful of distinct ones. A tree is frozen like the rest, so
+// sharing it changes nothing a reader can see. Keyed by its JSON; an entry goes with its tree.
+const sharedTrees = new Map<string, WeakRef<object>>();
+const treeGone = new FinalizationRegistry<string>((key) => {
+  if (sharedTrees.get(key)?.deref() === undefined) sharedTrees.delete(key);
+});
+
+/** The shared frozen copy of a fieldsV1 tree (NOT_JSON when it is not JSON data). */
+function sharedTree(v: unknown, copy: (v: unknown) => unknown): unknown {
+  if (v === null || typeof v !== 'object') return copy(v);
+  const key = JSON.stringify(v);
+  const hit = sharedTrees.get(key)?.deref();
+  if (hit) return hit;
+  const c = copy(v);
+  if (c === NOT_JSON || c === null || typeof c !== 'object') return c;
+  sharedTrees.set(key, new WeakRef(c));
+  treeGone.register(c, key);
+  return c;
+}
+
+/** How many distinct fieldsV1 trees are shared now (for tests). */
+export const sharedTreeCount = (): number => sharedTrees.size;
+
+// Where a value sits, as far as sharing cares: the object, its metadata, managedFields, one entry.
+const enum At {
+  Root,
+  Metadata,
+  Managed,
+  Entry,
+  Other,
+}
+
+const childAt = (at: At, k: string): At =>
+  at === At.Root && k === 'metadata'
+    ? At.Metadata
+    : at === At.Metadata && k === 'managedFields'
+      ? At.Managed
+      : At.Other;
+
 /**
  * A deeply frozen copy of JSON data, equal to JSON.parse(JSON.stringify(v)) (undefined entries
  * dropped, -0 as 0), or NOT_JSON when `v` holds anything else (then the caller parses).
  */
-function freezeCopy(v: unknown): unknown {
+function freezeCopy(v: unknown, at: At = At.Other): unknown {
   if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
   if (typeof v === 'number') return Number.isFinite(v) ? v + 0 : NOT_JSON;
   if (typeof v !== 'object') return NOT_JSON;
   if (Array.isArray(v)) {
+    const inner = at === At.Managed ? At.Entry : At.Other;
     const out = new Array(v.length);
     for (let i = 0; i < v.length; i++) {
-      const x = v[i] === undefined ? null : freezeCopy(v[i]);
+      const x = v[i] === undefined ? null : freezeCopy(v[i], inner);
       if (x === NOT_JSON) return NOT_JSON;
       out[i] = x;
     }
@@ -56,11 +99,29 @@ function freezeCopy(v: unknown): unknown {
   for (const k of Object.keys(v)) {
     const x = (v as Record<string, unknown>)[k];
     if (x === undefined) continue;
-    const c = freezeCopy(x);
+    const c =
+      at === At.Entry && k === 'fieldsV1'
+        ? sharedTree(x, (t) => freezeCopy(t))
+        : freezeCopy(x, at === At.Other ? At.Other : childAt(at, k));
     if (c === NOT_JSON) return NOT_JSON;
     out[k] = c;
   }
   return Object.freeze(out);
+}
+
+/** Parsed JSON text, its fieldsV1 trees swapped for the shared ones, deeply frozen. */
+function parseFrozen(data: string): unknown {
+  const v = JSON.parse(data) as { metadata?: { managedFields?: unknown } } | null;
+  const entries = v?.metadata?.managedFields;
+  if (Array.isArray(entries)) {
+    for (const e of entries as unknown[]) {
+      if (e && typeof e === 'object' && 'fieldsV1' in e) {
+        const entry = e as { fieldsV1: unknown };
+        entry.fieldsV1 = sharedTree(entry.fieldsV1, (t) => deepFreeze(t));
+      }
+    }
+  }
+  return deepFreeze(v);
 }
 
 /**
@@ -68,8 +129,8 @@ function freezeCopy(v: unknown): unknown {
  * metadata's) remembered. Copied directly when `obj` is plain JSON data, else parsed.
  */
 export function frozenCopy(data: string, metadata: [number, number] | undefined, obj?: unknown): KubeObject {
-  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj);
-  const frozen = (copied === NOT_JSON ? deepFreeze(JSON.parse(data)) : copied) as KubeObject;
+  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj, At.Root);
+  const frozen = (copied === NOT_JSON ? parseFrozen(data) : copied) as KubeObject;
   rememberJSON(frozen, data);
   if (metadata && frozen.metadata) rememberJSON(frozen.metadata, data.slice(metadata[0], metadata[1]));
   return frozen;

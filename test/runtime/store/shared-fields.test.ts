@@ -1,0 +1,100 @@
+// The store's frozen copies share equal managedFields trees (runtime/store/cache.ts): objects
+// written by the same managers hold one fieldsV1 object between them, on the write path and
+// when the store is opened again, while every read stays exactly the stored JSON.
+import { expect } from 'chai';
+import fs from 'node:fs';
+import v8 from 'node:v8';
+import vm from 'node:vm';
+import { sharedTreeCount } from '../../../runtime/store/cache.js';
+import { Store } from '../../../runtime/store/store.js';
+import type { KubeObject } from '../../../runtime/meta/types.js';
+import { tempDir } from '../apiserver/registry-fixtures.js';
+
+const key = (name: string) => ({ group: 'g', resource: 'things', namespace: 'default', name });
+const fields = (extra: string) => ({
+  'f:metadata': { 'f:labels': { '.': {}, [`f:${extra}`]: {} } },
+  'f:spec': { '.': {}, 'f:x': {} },
+});
+const thing = (name: string, extra: string) =>
+  ({
+    apiVersion: 'g/v1',
+    kind: 'Thing',
+    metadata: {
+      name,
+      labels: { [extra]: 'yes' },
+      managedFields: [
+        {
+          manager: 'kubectl',
+          operation: 'Update',
+          apiVersion: 'g/v1',
+          fieldsType: 'FieldsV1',
+          fieldsV1: fields(extra),
+        },
+        {
+          manager: 'ctl',
+          operation: 'Update',
+          apiVersion: 'g/v1',
+          fieldsType: 'FieldsV1',
+          fieldsV1: { 'f:status': { 'f:phase': {} } },
+          subresource: 'status',
+        },
+      ],
+    },
+    spec: { x: 1 },
+  }) as unknown as KubeObject;
+
+const treeOf = (o: KubeObject | undefined, i: number) =>
+  (o!.metadata.managedFields as { fieldsV1: object }[])[i]!.fieldsV1;
+
+describe('store: equal managedFields trees are shared between frozen copies', () => {
+  let dir: string;
+  let store: Store;
+  beforeEach(() => {
+    dir = tempDir('fluxvm-store-shared-');
+    store = new Store({ dir, compaction: { intervalMs: 0 } });
+  });
+  afterEach(() => {
+    store.close();
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('written and reopened: equal trees are one object, different trees are not, and reads are the stored JSON', () => {
+    const objs = ['a', 'b', 'c'].map((n, i) => thing(n, i < 2 ? 'team' : 'owner'));
+    for (const o of objs) store.create(key(o.metadata.name!), o);
+    const check = () => {
+      const [a, b, c] = ['a', 'b', 'c'].map((n) => store.get(key(n)));
+      expect(treeOf(a, 0)).to.equal(treeOf(b, 0));
+      expect(treeOf(a, 1)).to.equal(treeOf(c, 1));
+      expect(treeOf(a, 0)).to.not.equal(treeOf(c, 0));
+      expect(treeOf(c, 0)).to.deep.equal(fields('owner'));
+      expect(
+        Object.isFrozen(treeOf(a, 0)) && Object.isFrozen((treeOf(a, 0) as Record<string, object>)['f:spec']),
+      ).to.equal(true);
+      for (const [i, o] of [a, b, c].entries()) {
+        const want = { ...objs[i]!, metadata: { ...objs[i]!.metadata, resourceVersion: o!.metadata.resourceVersion } };
+        expect(JSON.parse(JSON.stringify(o))).to.deep.equal(JSON.parse(JSON.stringify(want)));
+      }
+    };
+    check();
+    // Opened again: the copies are parsed from the database's text, and share the same way.
+    store.close();
+    store = new Store({ dir, compaction: { intervalMs: 0 } });
+    check();
+  });
+
+  it('a tree no object holds any more is dropped (1,000 distinct trees written and deleted)', async () => {
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    const before = sharedTreeCount();
+    for (let i = 0; i < 1000; i++) store.create(key(`t${i}`), thing(`t${i}`, `l${i}`));
+    expect(sharedTreeCount() - before).to.be.at.least(1000);
+    for (let i = 0; i < 1000; i++) store.delete(key(`t${i}`));
+    store.compact();
+    const deadline = Date.now() + 10_000;
+    while (sharedTreeCount() - before >= 1000) {
+      if (Date.now() > deadline) throw new Error(`still ${sharedTreeCount() - before} trees after 10 s of GCs`);
+      gc();
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  });
+});
