@@ -41,10 +41,27 @@ if (probe) {
   process.on('SIGUSR2', () => {
     globalThis.gc?.();
     const m = process.memoryUsage();
+    // Resident kB per mapping kind (/proc/self/smaps): which part of the RSS is V8's heap,
+    // malloc's, the binary's, the addons'.
+    const maps = {};
+    let name = '';
+    for (const line of fs.readFileSync('/proc/self/smaps', 'utf8').split('\n')) {
+      const head = /^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \S+\s*(.*)$/.exec(line);
+      if (head) name = head[1] ? head[1].replace(/^.*\//, '') : '[anon]';
+      const rss = /^Rss:\s+(\d+) kB/.exec(line);
+      if (rss) maps[name] = (maps[name] ?? 0) + Number(rss[1]);
+    }
+    m.smapsKiB = Object.fromEntries(
+      Object.entries(maps)
+        .filter(([, v]) => v >= 1024)
+        .sort((a, b) => b[1] - a[1]),
+    );
     fs.appendFileSync(
       probe,
-      JSON.stringify({ ...m, heapSpaces: v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_used_size]) }) +
-        '\n',
+      JSON.stringify({
+        ...m,
+        heapSpaces: v8.getHeapSpaceStatistics().map((s) => [s.space_name, s.space_used_size, s.space_size]),
+      }) + '\n',
     );
     if (process.env.FLUXVM_HEAP_SNAPSHOT === '1') v8.writeHeapSnapshot(`${probe}.${++n}.heapsnapshot`);
   });
