@@ -1,5 +1,6 @@
 // The store's in-memory copy of every object: per resource, the objects and their sorted keys,
 // and the frozen copies readers share (see the contracts in README.md).
+import { hash } from 'node:crypto';
 import type { KubeObject } from '../meta/types.js';
 import { rememberJSON } from './json-text.js';
 import type { ListRange } from './types.js';
@@ -38,11 +39,16 @@ const NOT_JSON = Symbol('not JSON data');
 // object's parsed size is its managedFields (one nested object per field a manager set: about 60
 // objects for a Grant with a status), and objects of a kind written by the same managers carry
 // equal trees: 10,000 Grants hold a handful of distinct ones. A tree is frozen like the rest, so
-// sharing it changes nothing a reader can see. Keyed by its JSON; an entry goes with its tree.
+// sharing it changes nothing a reader can see. A tree is shared from the second time it is seen
+// (keyed by its JSON; an entry goes with its tree): a tree no other object has (a label key of its
+// own) costs a hash in a bounded set, not its JSON kept beside it.
 const sharedTrees = new Map<string, WeakRef<object>>();
 const treeGone = new FinalizationRegistry<string>((key) => {
   if (sharedTrees.get(key)?.deref() === undefined) sharedTrees.delete(key);
 });
+/** Hashes of trees seen once (oldest first), at most SEEN_ONCE. */
+const seenOnce = new Set<string>();
+const SEEN_ONCE = 4096;
 
 /** The shared frozen copy of a fieldsV1 tree (NOT_JSON when it is not JSON data). */
 function sharedTree(v: unknown, copy: (v: unknown) => unknown): unknown {
@@ -52,8 +58,14 @@ function sharedTree(v: unknown, copy: (v: unknown) => unknown): unknown {
   if (hit) return hit;
   const c = copy(v);
   if (c === NOT_JSON || c === null || typeof c !== 'object') return c;
-  sharedTrees.set(key, new WeakRef(c));
-  treeGone.register(c, key);
+  const h = hash('md5', key, 'base64');
+  if (seenOnce.delete(h)) {
+    sharedTrees.set(key, new WeakRef(c));
+    treeGone.register(c, key);
+  } else {
+    if (seenOnce.size >= SEEN_ONCE) seenOnce.delete(seenOnce.values().next().value!);
+    seenOnce.add(h);
+  }
   return c;
 }
 

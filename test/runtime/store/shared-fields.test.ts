@@ -1,6 +1,7 @@
 // The store's frozen copies share equal managedFields trees (runtime/store/cache.ts): objects
-// written by the same managers hold one fieldsV1 object between them, on the write path and
-// when the store is opened again, while every read stays exactly the stored JSON.
+// written by the same managers hold one fieldsV1 object between them (from a tree's second
+// sight on), on the write path and when the store is opened again, while every read stays
+// exactly the stored JSON; a tree of one object's own is not kept for sharing.
 import { expect } from 'chai';
 import fs from 'node:fs';
 import v8 from 'node:v8';
@@ -58,19 +59,21 @@ describe('store: equal managedFields trees are shared between frozen copies', ()
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  it('written and reopened: equal trees are one object, different trees are not, and reads are the stored JSON', () => {
-    const objs = ['a', 'b', 'c'].map((n, i) => thing(n, i < 2 ? 'team' : 'owner'));
+  it('written and reopened: from its second sight an equal tree is one object, different trees are not, and reads are the stored JSON', () => {
+    const names = ['a', 'b', 'c', 'd', 'e'];
+    const objs = names.map((n, i) => thing(n, i < 3 ? 'team' : 'owner'));
     for (const o of objs) store.create(key(o.metadata.name!), o);
     const check = () => {
-      const [a, b, c] = ['a', 'b', 'c'].map((n) => store.get(key(n)));
-      expect(treeOf(a, 0)).to.equal(treeOf(b, 0));
-      expect(treeOf(a, 1)).to.equal(treeOf(c, 1));
-      expect(treeOf(a, 0)).to.not.equal(treeOf(c, 0));
-      expect(treeOf(c, 0)).to.deep.equal(fields('owner'));
+      const [a, b, c, d, e] = names.map((n) => store.get(key(n)));
+      expect(treeOf(b, 0), 'the team tree, second and third sight').to.equal(treeOf(c, 0));
+      for (const o of [c, d, e]) expect(treeOf(o, 1), 'the status tree, from its second sight').to.equal(treeOf(b, 1));
+      expect(treeOf(a, 0)).to.deep.equal(treeOf(b, 0));
+      expect(treeOf(c, 0)).to.not.equal(treeOf(e, 0));
+      expect(treeOf(e, 0)).to.deep.equal(fields('owner'));
       expect(
-        Object.isFrozen(treeOf(a, 0)) && Object.isFrozen((treeOf(a, 0) as Record<string, object>)['f:spec']),
+        Object.isFrozen(treeOf(b, 0)) && Object.isFrozen((treeOf(b, 0) as Record<string, object>)['f:spec']),
       ).to.equal(true);
-      for (const [i, o] of [a, b, c].entries()) {
+      for (const [i, o] of [a, b, c, d, e].entries()) {
         const want = { ...objs[i]!, metadata: { ...objs[i]!.metadata, resourceVersion: o!.metadata.resourceVersion } };
         expect(JSON.parse(JSON.stringify(o))).to.deep.equal(JSON.parse(JSON.stringify(want)));
       }
@@ -82,13 +85,20 @@ describe('store: equal managedFields trees are shared between frozen copies', ()
     check();
   });
 
-  it('a tree no object holds any more is dropped (1,000 distinct trees written and deleted)', async () => {
+  it('a tree no other object has is not kept for sharing (1,000 label keys of their own)', () => {
+    const before = sharedTreeCount();
+    for (let i = 0; i < 1000; i++) store.create(key(`u${i}`), thing(`u${i}`, `own${i}`));
+    // The status tree they all have is shared (one entry); none of their own trees is.
+    expect(sharedTreeCount() - before).to.be.at.most(1);
+  });
+
+  it('a tree no object holds any more is dropped (1,000 distinct trees, two holders each, written and deleted)', async () => {
     v8.setFlagsFromString('--expose-gc');
     const gc = vm.runInNewContext('gc') as () => void;
     const before = sharedTreeCount();
-    for (let i = 0; i < 1000; i++) store.create(key(`t${i}`), thing(`t${i}`, `l${i}`));
+    for (let i = 0; i < 1000; i++) for (const n of [`t${i}`, `s${i}`]) store.create(key(n), thing(n, `l${i}`));
     expect(sharedTreeCount() - before).to.be.at.least(1000);
-    for (let i = 0; i < 1000; i++) store.delete(key(`t${i}`));
+    for (let i = 0; i < 1000; i++) for (const n of [`t${i}`, `s${i}`]) store.delete(key(n));
     store.compact();
     const deadline = Date.now() + 10_000;
     while (sharedTreeCount() - before >= 1000) {
