@@ -41,7 +41,9 @@ const NOT_JSON = Symbol('not JSON data');
 // equal trees: 10,000 Grants hold a handful of distinct ones. A tree is frozen like the rest, so
 // sharing it changes nothing a reader can see. A tree is shared from the second time it is seen
 // (keyed by its JSON; an entry goes with its tree): a tree no other object has (a label key of its
-// own) costs a hash in a bounded set, not its JSON kept beside it.
+// own) costs a hash in a bounded set, not its JSON kept beside it. Only within a namespace: a
+// tree can name values (`v:` entries of a set), and whether a write found its tree already there
+// (a little faster) must tell a tenant nothing about another namespace's objects.
 const sharedTrees = new Map<string, WeakRef<object>>();
 const treeGone = new FinalizationRegistry<string>((key) => {
   if (sharedTrees.get(key)?.deref() === undefined) sharedTrees.delete(key);
@@ -50,15 +52,15 @@ const treeGone = new FinalizationRegistry<string>((key) => {
 const seenOnce = new Set<string>();
 const SEEN_ONCE = 4096;
 
-/** The shared frozen copy of a fieldsV1 tree (NOT_JSON when it is not JSON data). */
-function sharedTree(v: unknown, copy: (v: unknown) => unknown): unknown {
+/** The shared frozen copy of a fieldsV1 tree of an object in namespace `ns` (NOT_JSON when it is not JSON data). */
+function sharedTree(v: unknown, ns: string, copy: (v: unknown) => unknown): unknown {
   if (v === null || typeof v !== 'object') return copy(v);
-  const key = JSON.stringify(v);
+  const key = `${ns}\u0000${JSON.stringify(v)}`;
   const hit = sharedTrees.get(key)?.deref();
   if (hit) return hit;
   const c = copy(v);
   if (c === NOT_JSON || c === null || typeof c !== 'object') return c;
-  const h = hash('md5', key, 'base64');
+  const h = hash('md5', key, 'base64'); // a fingerprint: a collision only shares a tree one sight early
   if (seenOnce.delete(h)) {
     sharedTrees.set(key, new WeakRef(c));
     treeGone.register(c, key);
@@ -92,7 +94,7 @@ const childAt = (at: At, k: string): At =>
  * A deeply frozen copy of JSON data, equal to JSON.parse(JSON.stringify(v)) (undefined entries
  * dropped, -0 as 0), or NOT_JSON when `v` holds anything else (then the caller parses).
  */
-function freezeCopy(v: unknown, at: At = At.Other): unknown {
+function freezeCopy(v: unknown, at: At = At.Other, ns = ''): unknown {
   if (v === null || typeof v === 'string' || typeof v === 'boolean') return v;
   if (typeof v === 'number') return Number.isFinite(v) ? v + 0 : NOT_JSON;
   if (typeof v !== 'object') return NOT_JSON;
@@ -100,7 +102,7 @@ function freezeCopy(v: unknown, at: At = At.Other): unknown {
     const inner = at === At.Managed ? At.Entry : At.Other;
     const out = new Array(v.length);
     for (let i = 0; i < v.length; i++) {
-      const x = v[i] === undefined ? null : freezeCopy(v[i], inner);
+      const x = v[i] === undefined ? null : freezeCopy(v[i], inner, ns);
       if (x === NOT_JSON) return NOT_JSON;
       out[i] = x;
     }
@@ -113,8 +115,8 @@ function freezeCopy(v: unknown, at: At = At.Other): unknown {
     if (x === undefined) continue;
     const c =
       at === At.Entry && k === 'fieldsV1'
-        ? sharedTree(x, (t) => freezeCopy(t))
-        : freezeCopy(x, at === At.Other ? At.Other : childAt(at, k));
+        ? sharedTree(x, ns, (t) => freezeCopy(t))
+        : freezeCopy(x, at === At.Other ? At.Other : childAt(at, k), ns);
     if (c === NOT_JSON) return NOT_JSON;
     out[k] = c;
   }
@@ -123,13 +125,14 @@ function freezeCopy(v: unknown, at: At = At.Other): unknown {
 
 /** Parsed JSON text, its fieldsV1 trees swapped for the shared ones, deeply frozen. */
 function parseFrozen(data: string): unknown {
-  const v = JSON.parse(data) as { metadata?: { managedFields?: unknown } } | null;
+  const v = JSON.parse(data) as { metadata?: { managedFields?: unknown; namespace?: unknown } } | null;
   const entries = v?.metadata?.managedFields;
+  const ns = typeof v?.metadata?.namespace === 'string' ? v.metadata.namespace : '';
   if (Array.isArray(entries)) {
     for (const e of entries as unknown[]) {
       if (e && typeof e === 'object' && 'fieldsV1' in e) {
         const entry = e as { fieldsV1: unknown };
-        entry.fieldsV1 = sharedTree(entry.fieldsV1, (t) => deepFreeze(t));
+        entry.fieldsV1 = sharedTree(entry.fieldsV1, ns, (t) => deepFreeze(t));
       }
     }
   }
@@ -141,7 +144,8 @@ function parseFrozen(data: string): unknown {
  * metadata's) remembered. Copied directly when `obj` is plain JSON data, else parsed.
  */
 export function frozenCopy(data: string, metadata: [number, number] | undefined, obj?: unknown): KubeObject {
-  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj, At.Root);
+  const ns = (obj as { metadata?: { namespace?: unknown } } | undefined)?.metadata?.namespace;
+  const copied = obj === undefined ? NOT_JSON : freezeCopy(obj, At.Root, typeof ns === 'string' ? ns : '');
   const frozen = (copied === NOT_JSON ? parseFrozen(data) : copied) as KubeObject;
   rememberJSON(frozen, data);
   if (metadata && frozen.metadata) rememberJSON(frozen.metadata, data.slice(metadata[0], metadata[1]));

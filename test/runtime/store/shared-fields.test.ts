@@ -85,6 +85,22 @@ describe('store: equal managedFields trees are shared between frozen copies', ()
     check();
   });
 
+  it('only within a namespace: equal trees in two namespaces are two objects', () => {
+    const inNs = (ns: string, n: string) => {
+      const o = thing(n, 'team');
+      o.metadata.namespace = ns;
+      store.create({ ...key(n), namespace: ns }, o);
+      return store.get({ ...key(n), namespace: ns });
+    };
+    const [a1, a2, a3] = ['x1', 'x2', 'x3'].map((n) => inNs('tenant-a', n));
+    const [b1, b2, b3] = ['x1', 'x2', 'x3'].map((n) => inNs('tenant-b', n));
+    expect(treeOf(a2, 0)).to.equal(treeOf(a3, 0));
+    expect(treeOf(b2, 0)).to.equal(treeOf(b3, 0));
+    expect(treeOf(b3, 0)).to.not.equal(treeOf(a3, 0));
+    expect(treeOf(b1, 0)).to.not.equal(treeOf(a2, 0));
+    expect(treeOf(a1, 0)).to.deep.equal(treeOf(b1, 0));
+  });
+
   it('a tree no other object has is not kept for sharing (1,000 label keys of their own)', () => {
     const before = sharedTreeCount();
     for (let i = 0; i < 1000; i++) store.create(key(`u${i}`), thing(`u${i}`, `own${i}`));
