@@ -336,35 +336,15 @@ async function main() {
     await new Promise((r) => setTimeout(r, 1500));
   };
   const conns: RawConnection[] = [];
-  try {
-    const url = new URL(srv.url);
+  await measureOn(srv, conns, async () => {
     const pathname = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
     const base = `${srv.url}${pathname}`;
-    const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', {
-      apiVersion: 'v1',
-      kind: 'Namespace',
-      metadata: { name: NS },
-    });
-    if (ns.status >= 300) throw new Error(`namespace: ${ns.status} ${ns.body}`);
+    await benchNamespace(srv.url);
     const rssIdle = rssMiB(pid);
     await probe('idle');
 
     // Creates per second, C in flight, raw keep-alive sockets.
-    for (let k = 0; k < C; k++) conns.push(await RawConnection.open(url.hostname, Number(url.port)));
-    const free = [...conns];
-    const raw = await createLoad(
-      N,
-      C,
-      async (i) => {
-        const c = free.pop()!;
-        try {
-          return await c.post(url.host, pathname, Buffer.from(JSON.stringify(grant(i))));
-        } finally {
-          free.push(c);
-        }
-      },
-      pid,
-    );
+    const raw = await rawCreates(srv.url, pid, conns);
     const rssCreated = rssMiB(pid);
 
     // Table list of all objects, once the server is quiet: with controllers on, the Grant
@@ -462,14 +442,7 @@ async function main() {
       `| watch delivery after ack, p50 / p99 (${lat.length} writes) | ${percentile(lat, 50).toFixed(2)} / ${percentile(lat, 99).toFixed(2)} ms | p99 < 10 ms | | |`,
       `| server resident memory at ${N} objects (after the lists) | ${rss.toFixed(0)} MiB (idle ${rssIdle.toFixed(0)} MiB, after creates ${rssCreated.toFixed(0)} MiB) | <= 250 MiB | | |`,
     ];
-  } catch (e) {
-    console.error('server log tail:\n' + srv.logs().slice(-4000));
-    throw e;
-  } finally {
-    for (const c of conns) c.close();
-    await srv.stop();
-    agent.destroy();
-  }
+  }).finally(() => agent.destroy());
   const whole = await wholeServer(() => start(['--insecure-http'], {}));
   machinery.push(
     `| the whole server (controllers on), the same ${N} creates and both lists: resident memory, the server quiet again (objects in its store: the Grants, and the statuses and ${whole.events} Events the Grant controller wrote) | ${whole.rss.toFixed(0)} MiB at ${N + whole.events} objects; server CPU per create ${whole.serverUs.toFixed(0)} us (the controller's writes with it) | | | |`,
@@ -493,6 +466,37 @@ async function main() {
   }
 }
 
+/** The bench's namespace on a fresh server. */
+async function benchNamespace(server: string): Promise<void> {
+  const ns = await request(`${server}/api/v1/namespaces`, 'POST', {
+    apiVersion: 'v1',
+    kind: 'Namespace',
+    metadata: { name: NS },
+  });
+  if (ns.status >= 300) throw new Error(`namespace: ${ns.status} ${ns.body}`);
+}
+
+/** N Grant creates, C in flight on raw keep-alive sockets (opened into `conns`; the caller closes them). */
+async function rawCreates(server: string, pid: number, conns: RawConnection[]): ReturnType<typeof createLoad> {
+  const url = new URL(server);
+  const pathname = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
+  for (let k = 0; k < C; k++) conns.push(await RawConnection.open(url.hostname, Number(url.port)));
+  const free = [...conns];
+  return createLoad(
+    N,
+    C,
+    async (i) => {
+      const c = free.pop()!;
+      try {
+        return await c.post(url.host, pathname, Buffer.from(JSON.stringify(grant(i))));
+      } finally {
+        free.push(c);
+      }
+    },
+    pid,
+  );
+}
+
 /**
  * A server with its controllers, the same N Grant creates: each Grant gets a status and, naming
  * no existing sandbox, a Warning Event from the Grant controller. Once the server is quiet, a
@@ -502,30 +506,10 @@ async function wholeServer(start: () => Promise<Server>): Promise<{ rss: number;
   const srv = await start();
   const pid = srv.child.pid!;
   const conns: RawConnection[] = [];
-  try {
-    const url = new URL(srv.url);
+  return measureOn(srv, conns, async () => {
     const pathname = `/apis/fluxvm.dev/v1alpha1/namespaces/${NS}/grants`;
-    const ns = await request(`${srv.url}/api/v1/namespaces`, 'POST', {
-      apiVersion: 'v1',
-      kind: 'Namespace',
-      metadata: { name: NS },
-    });
-    if (ns.status >= 300) throw new Error(`namespace: ${ns.status} ${ns.body}`);
-    for (let k = 0; k < C; k++) conns.push(await RawConnection.open(url.hostname, Number(url.port)));
-    const free = [...conns];
-    const load = await createLoad(
-      N,
-      C,
-      async (i) => {
-        const c = free.pop()!;
-        try {
-          return await c.post(url.host, pathname, Buffer.from(JSON.stringify(grant(i))));
-        } finally {
-          free.push(c);
-        }
-      },
-      pid,
-    );
+    await benchNamespace(srv.url);
+    const load = await rawCreates(srv.url, pid, conns);
     await settle(pid);
     if ((await drain(`${srv.url}${pathname}`, TABLE)).status !== 200) throw new Error('Table list failed');
     if ((await request(`${srv.url}${pathname}`, 'GET')).status !== 200) throw new Error('list failed');
@@ -534,6 +518,13 @@ async function wholeServer(start: () => Promise<Server>): Promise<{ rss: number;
       JSON.parse((await request(`${srv.url}/api/v1/namespaces/${NS}/events`, 'GET')).body) as { items: unknown[] }
     ).items.length;
     return { rss, events, serverUs: load.serverUs };
+  });
+}
+
+/** Runs `fn` against `srv`; on a failure prints the server's log tail; then closes `conns` and stops the server. */
+async function measureOn<T>(srv: Server, conns: RawConnection[], fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
   } catch (e) {
     console.error('server log tail:\n' + srv.logs().slice(-4000));
     throw e;
