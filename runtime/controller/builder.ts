@@ -140,7 +140,7 @@ export class ControllerBuilder<T extends KubeObject> {
   complete<R extends Reconciler>(make: (c: ReconcilerContext<T>) => R): Built<R> {
     const m = this.manager;
     const gvr = gvrOf(this.def);
-    const writes = new OwnWrites();
+    const writes = new OwnWrites(m.clock);
     const client = writes.wrap(m.client);
     const informer = m.informer<T>(gvr);
     // The recorder writes with the manager's client, not the read-your-writes one: no pass reads

@@ -6,6 +6,7 @@
 // (controllers/README.md "Reads").
 import { getIfExists, type Client } from '../client/client.js';
 import type { GVR, KubeObject } from '../meta/types.js';
+import { realClock, type Clock, type TimerHandle } from './clock.js';
 import type { Informer } from './informer.js';
 
 /**
@@ -36,9 +37,10 @@ export async function cachedGet<T extends KubeObject>(
  * the integers this server issues (runtime/apiserver: one global sequence); an object kube would
  * call opaque is ours to compare here. Only writes in flight are held: an entry goes once the
  * cache has caught up, its answer after KEEP_ANSWER_MS (then the API answers), and the entry itself
- * after FORGET_MS. Without that last bound a write whose object no pass reads back (a child the
- * controller made) stayed, with its answer, for the life of the process; a cache five minutes
- * behind is a broken watch, which the informer replaces by a relist.
+ * after FORGET_MS, by the next call or, for a controller gone idle, a timer. Without that last
+ * bound a write whose object no pass reads back (a child the controller made) stayed, with its
+ * answer, for the life of the process; a cache five minutes behind is a broken watch, which the
+ * informer replaces by a relist.
  */
 export class OwnWrites {
   // Both in the order written (an entry rewritten moves to the end), so the expired ones are at the front.
@@ -49,7 +51,33 @@ export class OwnWrites {
   /** How long a write is remembered at all. */
   static readonly FORGET_MS = 300_000;
 
-  constructor(private readonly now: () => number = () => Date.now()) {}
+  private sweep: TimerHandle | undefined;
+  private sweepDue = Infinity;
+
+  constructor(private readonly clock: Clock = realClock) {}
+
+  private now(): number {
+    return this.clock.now();
+  }
+
+  /** Arms the timer for the first expiry (the oldest answer's or write's), unless one is armed for sooner. */
+  private armSweep(): void {
+    const a = this.answers.values().next().value;
+    const w = this.written.values().next().value;
+    const due = Math.min(
+      a ? a.at + OwnWrites.KEEP_ANSWER_MS + 1 : Infinity,
+      w ? w.at + OwnWrites.FORGET_MS + 1 : Infinity,
+    );
+    if (due === Infinity || due >= this.sweepDue) return;
+    this.sweep?.cancel();
+    this.sweepDue = due;
+    this.sweep = this.clock.setTimeout(() => {
+      this.sweep = undefined;
+      this.sweepDue = Infinity;
+      this.expire(this.now());
+      this.armSweep();
+    }, due - this.now());
+  }
 
   private static key(gvr: GVR, namespace: string | undefined, name: string): string {
     return `${gvr.group}/${gvr.resource}/${namespace ?? ''}/${name}`;
@@ -90,6 +118,7 @@ export class OwnWrites {
     this.written.set(k, { rv, at: now });
     this.answers.delete(k);
     if (keep) this.answers.set(k, { rv, answer: o, at: now });
+    this.armSweep();
   }
 
   /** Whether `cached` is older than this controller's last write of it (forgets writes it has caught up with). */

@@ -2,8 +2,11 @@
 // answers 409), and a conflict is answered by re-reading and re-applying the mutation, so a
 // concurrent writer's change survives next to ours.
 import { expect } from 'chai';
+import v8 from 'node:v8';
+import vm from 'node:vm';
 import type { Sandbox } from '../../../apis/zz_generated.types.js';
 import { setCondition } from '../../../runtime/controller/conditions.js';
+import { FakeClock } from '../../../runtime/controller/clock.js';
 import { Informer } from '../../../runtime/controller/informer.js';
 import { cachedGet, OwnWrites, primaryGet } from '../../../runtime/controller/read.js';
 import { MAX_STATUS_ATTEMPTS, writeStatus } from '../../../runtime/controller/status.js';
@@ -264,36 +267,65 @@ describe('runtime/controller cachedGet, primaryGet and OwnWrites (real registry 
 });
 
 describe('runtime/controller OwnWrites holds only writes in flight', () => {
-  it('an answer goes after KEEP_ANSWER_MS and a write no pass reads back after FORGET_MS (10,000 writes: none left)', () => {
-    let now = 1_000_000;
-    const writes = new OwnWrites(() => now);
-    const obj = (i: number, rv: number) =>
-      ({
-        apiVersion: 'v1',
-        kind: 'Event',
-        metadata: { namespace: 'default', name: `e${i}`, resourceVersion: String(rv) },
-      }) as KubeObject;
-    const EV: GVR = { group: '', version: 'v1', resource: 'events' };
+  const EV: GVR = { group: '', version: 'v1', resource: 'events' };
+  const obj = (i: number, rv: number) =>
+    ({
+      apiVersion: 'v1',
+      kind: 'Event',
+      metadata: { namespace: 'default', name: `e${i}`, resourceVersion: String(rv) },
+    }) as KubeObject;
+
+  it('an answer goes after KEEP_ANSWER_MS and a write no pass reads back after FORGET_MS (10,000 writes: none left)', async () => {
+    const clock = new FakeClock(1_000_000);
+    const writes = new OwnWrites(clock);
     for (let i = 0; i < 10_000; i++) writes.record(EV, obj(i, i + 1), true);
     expect(writes.size).to.deep.equal({ writes: 10_000, answers: 10_000 });
     // Within the window the answer stands in for a lagging cache.
     expect(writes.newer(EV, obj(5, 1))?.metadata.resourceVersion).to.equal('6');
-    now += OwnWrites.KEEP_ANSWER_MS;
+    await clock.advance(OwnWrites.KEEP_ANSWER_MS);
     expect(writes.size.answers, 'at the edge: kept').to.equal(10_000);
-    now += 1;
+    await clock.advance(1);
     expect(writes.size).to.deep.equal({ writes: 10_000, answers: 0 });
     // Still remembered: the API must answer (null), not the stale copy.
     expect(writes.newer(EV, obj(5, 1))).to.equal(null);
     // A later write of one object moves it to the end: it outlives the others.
     writes.record(EV, obj(7, 20_000), true);
-    now += OwnWrites.FORGET_MS - OwnWrites.KEEP_ANSWER_MS - 1;
+    await clock.advance(OwnWrites.FORGET_MS - OwnWrites.KEEP_ANSWER_MS - 1);
     expect(writes.size.writes, 'at the edge: remembered').to.equal(10_000);
-    now += 1;
+    await clock.advance(1);
     expect(writes.size).to.deep.equal({ writes: 1, answers: 0 });
     expect(writes.newer(EV, obj(5, 1)), 'forgotten').to.equal(undefined);
     expect(writes.newer(EV, obj(7, 1))).to.equal(null);
-    now += OwnWrites.FORGET_MS;
+    await clock.advance(OwnWrites.FORGET_MS);
     expect(writes.size).to.deep.equal({ writes: 0, answers: 0 });
+  });
+
+  it('a controller gone idle lets go of its answers too: nothing but the clock runs, and the answer is collected', async () => {
+    v8.setFlagsFromString('--expose-gc');
+    const gc = vm.runInNewContext('gc') as () => void;
+    const clock = new FakeClock(1_000_000);
+    const writes = new OwnWrites(clock);
+    // The answer is reachable only through OwnWrites (and the WeakRef, which does not hold it).
+    const held = (() => {
+      const answer = obj(1, 2);
+      writes.record(EV, answer, true);
+      return new WeakRef(answer);
+    })();
+    // A WeakRef's target stays alive until the end of the job that made or read it: the GC runs
+    // in a job of its own, the check in the next.
+    const tick = () => new Promise((r) => setTimeout(r, 5));
+    const collected = async () => {
+      await tick();
+      gc();
+      await tick();
+      return held.deref() === undefined;
+    };
+    expect(await collected(), 'kept while it may stand in for the cache').to.equal(false);
+    await clock.advance(OwnWrites.KEEP_ANSWER_MS + 1);
+    const deadline = Date.now() + 5_000;
+    while (!(await collected())) {
+      if (Date.now() > deadline) throw new Error('the answer is still held 10 s after its write, with no call since');
+    }
   });
 });
 
