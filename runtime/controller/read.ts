@@ -45,7 +45,7 @@ export async function cachedGet<T extends KubeObject>(
 export class OwnWrites {
   // Both in the order written (an entry rewritten moves to the end), so the expired ones are at the front.
   private readonly written = new Map<string, { rv: bigint; at: number }>();
-  private readonly answers = new Map<string, { rv: bigint; answer: KubeObject; at: number }>();
+  private readonly answers = new Map<string, { answer: KubeObject; at: number }>();
   /** How long a write's answer stands in for a lagging cache (then the API answers). */
   static readonly KEEP_ANSWER_MS = 10_000;
   /** How long a write is remembered at all. */
@@ -117,7 +117,7 @@ export class OwnWrites {
     this.written.delete(k);
     this.written.set(k, { rv, at: now });
     this.answers.delete(k);
-    if (keep) this.answers.set(k, { rv, answer: o, at: now });
+    if (keep) this.answers.set(k, { answer: o, at: now });
     this.armSweep();
   }
 

@@ -114,9 +114,7 @@ function freezeCopy(v: unknown, at: At = At.Other, ns = ''): unknown {
     const x = (v as Record<string, unknown>)[k];
     if (x === undefined) continue;
     const c =
-      at === At.Entry && k === 'fieldsV1'
-        ? sharedTree(x, ns, (t) => freezeCopy(t))
-        : freezeCopy(x, at === At.Other ? At.Other : childAt(at, k), ns);
+      at === At.Entry && k === 'fieldsV1' ? sharedTree(x, ns, (t) => freezeCopy(t)) : freezeCopy(x, childAt(at, k), ns);
     if (c === NOT_JSON) return NOT_JSON;
     out[k] = c;
   }
