@@ -6,17 +6,13 @@
 // of the store, on a non-Status error body, on a logged or counted server error, and when
 // memory after the run has grown past a bound. Deterministic: the seed is printed.
 import net from 'node:net';
-import v8 from 'node:v8';
-import vm from 'node:vm';
 import { expect } from 'chai';
 import { allKinds } from '../../../apis/registry.js';
 import type { KindDefinition, Schema } from '../../../apis/types.js';
 import { MAX_DEPTH } from '../../../runtime/apiserver/limits.js';
 import { sandbox, startFixture, type Fixture } from './http/fixture.js';
 import { aliasBomb } from './hostile.js';
-
-v8.setFlagsFromString('--expose-gc');
-const gc = vm.runInNewContext('gc') as () => void;
+import { gc } from '../../support/gc.js';
 
 /** mulberry32: small, fast, good enough for test input. */
 function prng(seed: number) {
