@@ -21,6 +21,7 @@ import {
   trimRing,
   type RewindFile,
   type RewindPoint,
+  WRITE_LATER_MS,
 } from '../../../controllers/agentsession/rewind-store.js';
 import { SessionState } from '../../../controllers/agentsession/state.js';
 import { rewindListText } from '../../../cmd/fluxctl/agent-rewind.js';
@@ -345,5 +346,59 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
       'rewind.point',
     ]);
     expect(ordered(await rewindStore(state).read(uid)).map((p) => p.tag)).to.deep.equal(['p-2']);
+  });
+
+  it("done() records the step's entry at once and writes the file after the step's answer, once for a burst; not for a forgotten session", async () => {
+    const ledger = new Ledger(dir);
+    const state = new SessionState(dir);
+    const store = rewindStore(state);
+    const runtime = {
+      checkpointDeferred: async (_id: string, ck: string) => ({
+        id: ck,
+        sandboxId: 'sbx',
+        kind: 'disk' as const,
+        sizeBytes: 1,
+        takenAt: 'now',
+        sync: () => Promise.resolve(),
+      }),
+      deleteCheckpoint: async () => undefined,
+    } as unknown as Runtime;
+    const d = { runtime, ledger, state } as unknown as AgentSessionSubresourceDeps;
+    const onDisk = (uid: string) => {
+      const f = join(state.sessionDir(uid), 'rewind.json');
+      return existsSync(f) ? (JSON.parse(readFileSync(f, 'utf8')) as RewindFile) : undefined;
+    };
+    const step = async (uid: string, command: string) => {
+      const t = { s: session({ enabled: true }, uid), uid, sandboxId: 'sbx' };
+      const h = (await rewindBeforeStep(d, t, 'exec', command))!;
+      await h.ready();
+      const e = await ledger.append(uid, 'exec', { command, rewindPoint: h.tag });
+      await h.done(e.entry);
+      return e.entry;
+    };
+    const uid = 'u-later';
+    const e1 = await step(uid, 'one');
+    const e2 = await step(uid, 'two');
+    // In memory at once (list, undo and bisect read it there)...
+    expect((await store.read(uid)).points.map((p) => p.stepEntry)).to.deep.equal([e1, e2]);
+    // ...on disk not yet: the write no longer runs ahead of the step's answer (the caller's next turns).
+    await new Promise((r) => setImmediate(r));
+    expect(onDisk(uid)?.points.map((p) => p.stepEntry)).to.equal(undefined);
+    await eventually(
+      () =>
+        onDisk(uid)
+          ?.points.map((p) => p.stepEntry)
+          .join() === `${e1},${e2}`,
+      2000,
+      'the write',
+    );
+    // A session forgotten (deleted) before its write: the write does not make its directory again.
+    const gone = 'u-gone';
+    await step(gone, 'one');
+    store.forget(gone);
+    rmSync(state.sessionDir(gone), { recursive: true, force: true });
+    // A fixed window on purpose (past WRITE_LATER_MS): nothing may happen in it, and no event says so.
+    await new Promise((r) => setTimeout(r, WRITE_LATER_MS * 3));
+    expect(existsSync(state.sessionDir(gone))).to.equal(false);
   });
 });
