@@ -105,14 +105,16 @@ async function take(
   });
   let flushed: Promise<void> | undefined;
   // A checkpoint is a promise about the disk: the deferred one puts its layer on disk
-  // (layerToDisk; a snapshot's LayerMeta is written here, see freezeBySnapshot), then its
-  // record (written without fsync), in that order.
+  // (layerToDisk), then its record (written without fsync), in that order. A snapshot's
+  // LayerMeta (see freezeBySnapshot) is written on the next turn of the event loop, beside the
+  // record's fsync: the caller's step has started by then (written at once, on the microtasks
+  // of sync(), it came 0.3-0.4 ms ahead of the step).
   const sync = () =>
     (flushed ??=
       deferSync && token
-        ? layerToDisk(pb, token, snapped).then(() => {
-            if (snapped) writeUnwrittenMeta(pb, token);
-            return fsyncPaths([pb.ckptFile(checkpointId)]);
+        ? layerToDisk(pb, token, snapped).then(async () => {
+            const meta = snapped ? nextTurn(() => writeUnwrittenMeta(pb, token)) : undefined;
+            await Promise.all([fsyncPaths([pb.ckptFile(checkpointId)]), meta]);
           })
         : Promise.resolve());
   return { info, sync };
@@ -201,6 +203,20 @@ async function freezeBySnapshot(
  */
 async function layerToDisk(pb: ProcboxCore, lid: string, snapshot: boolean): Promise<void> {
   if (!snapshot) await pb.fileops.syncfs(pb.layerDir(lid));
+}
+
+/** Runs `fn` on the next turn of the event loop (after the I/O its caller starts now). */
+function nextTurn(fn: () => void): Promise<void> {
+  return new Promise((resolve, reject) =>
+    setImmediate(() => {
+      try {
+        fn();
+        resolve();
+      } catch (e) {
+        reject(e);
+      }
+    }),
+  );
 }
 
 /** fsync of each file and of its directory (one fsync per distinct directory). */
