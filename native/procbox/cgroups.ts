@@ -196,6 +196,20 @@ export class SandboxCgroups {
     return [];
   }
 
+  /**
+   * Whether the sandbox holds these processes and nothing else: the pids cgroup lists exactly
+   * them, and its task count, which covers threads and child cgroups (pids.current is
+   * hierarchical in v1 and v2), is their number. False without a pids cgroup.
+   */
+  holdsOnly(pids: number[]): boolean {
+    const d = this.v1dir('pids') ?? this.v2dir();
+    if (!d) return false;
+    const n = safeRead(join(d, 'pids.current')).trim();
+    if (n !== String(pids.length)) return false;
+    const listed = safeRead(join(d, 'cgroup.procs')).split('\n').filter(Boolean).map(Number);
+    return listed.length === pids.length && listed.every((p) => pids.includes(p));
+  }
+
   /** OOM kills so far in the memory cgroup (0 when unknown). */
   oomKills(): number {
     const mem = this.v1dir('memory');

@@ -4,11 +4,12 @@
 // same mount in its init, a writer started before keeps writing; the checkpoint restores
 // byte-for-byte, also after more points.
 import { expect } from 'chai';
-import { existsSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { overlayAt } from '../../../native/procbox/mountinfo.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
+import { snapshotCounts } from '../../../native/procbox/checkpoint.js';
 import type { CheckpointRecord, LayerMeta, SandboxRecord } from '../../../native/procbox/state.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
@@ -151,5 +152,60 @@ describe('procbox checkpoint: btrfs snapshot freeze', function () {
     expect((await sh(fx.rt, 'a', 'ls /work/d')).out).to.equal('new\n');
     const ck3 = await fx.rt.checkpointDeferred('a', 'ck3');
     expect(ck3.sizeBytes).to.equal(ck2.sizeBytes);
+  });
+
+  it('a sandbox running only its init and idle standby is not frozen for a point; one running anything else is, a job in its own cgroup too', async () => {
+    const pb = (fx.rt as unknown as { pb: ProcboxCore }).pb;
+    expect((await sh(fx.rt, 'a', 'printf one > /work/f')).code).to.equal(0);
+    // The standby of the next command is spawned after the last one (AFTER_EXEC_DELAY_MS).
+    await eventually(() => pb.standbys.has('a'), 10_000, 'the standby exec helper');
+    const frozen = () => snapshotCounts.frozen;
+    const ours = () => [pb.records.get('a')!.pid!, ...(pb.standbys.has('a') ? [pb.standbys.get('a')!.child.pid!] : [])];
+    const f0 = frozen();
+    const idle = await fx.rt.checkpointDeferred('a', 'idle');
+    await idle.sync();
+    expect(frozen(), 'an idle sandbox: no freeze').to.equal(f0);
+    // Taken without the freeze, it restores byte-for-byte.
+    expect((await sh(fx.rt, 'a', 'printf two > /work/f')).code).to.equal(0);
+    await fx.rt.restore('a', 'idle');
+    expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('one');
+    // A process left running by a command: frozen.
+    expect((await sh(fx.rt, 'a', 'sleep 60 >/dev/null 2>&1 &')).code).to.equal(0);
+    await eventually(() => pb.standbys.has('a'), 10_000, 'the standby after the command');
+    await (await fx.rt.checkpointDeferred('a', 'busy')).sync();
+    expect(frozen(), 'a process running: one freeze').to.equal(f0 + 1);
+    expect((await sh(fx.rt, 'a', 'pkill sleep; true')).code).to.equal(0);
+    // A background job (its own child cgroup): frozen too.
+    const job = await fx.rt.startJob('a', { id: 'j1', argv: ['sleep', '60'] });
+    await (await fx.rt.checkpointDeferred('a', 'job')).sync();
+    expect(frozen(), 'a job running: one more freeze').to.equal(f0 + 2);
+    await fx.rt.killJob('a', job.id, 'SIGKILL');
+    // A process in a child cgroup of the sandbox's only (not in its own list): frozen. The task
+    // count sees it (a job's supervisor, above, is also listed in the sandbox's own cgroup).
+    await eventually(() => pb.cgroups('a').holdsOnly(ours()), 10_000, 'the job gone');
+    expect((await sh(fx.rt, 'a', 'sleep 60 >/dev/null 2>&1 &')).code).to.equal(0);
+    await eventually(() => pb.standbys.has('a'), 10_000, 'the standby after the command');
+    // The directory holdsOnly reads: the v1 pids cgroup, else the v2 one.
+    const dirs = pb.cgroups('a').dirs();
+    const pidsDir = dirs.find((d) => d.includes('/pids/')) ?? dirs.at(-1)!;
+    const sleeper = readFileSync(join(pidsDir, 'cgroup.procs'), 'utf8')
+      .split('\n')
+      .filter(Boolean)
+      .map(Number)
+      .find((p) => !ours().includes(p))!;
+    const child = join(pidsDir, 'child');
+    mkdirSync(child);
+    try {
+      writeFileSync(join(child, 'cgroup.procs'), String(sleeper));
+      expect(
+        readFileSync(join(pidsDir, 'cgroup.procs'), 'utf8').split('\n').filter(Boolean).map(Number).sort(),
+      ).to.deep.equal(ours().sort());
+      await (await fx.rt.checkpointDeferred('a', 'child')).sync();
+      expect(frozen(), 'a process in a child cgroup: one more freeze').to.equal(f0 + 3);
+    } finally {
+      process.kill(sleeper, 'SIGKILL');
+      await eventually(() => readFileSync(join(child, 'cgroup.procs'), 'utf8') === '', 10_000, 'the sleeper gone');
+      rmdirSync(child);
+    }
   });
 });
