@@ -118,8 +118,12 @@ export function storageBytes(f: RewindFile): number {
   return f.points.reduce((a, p) => a + p.addedBytes, 0);
 }
 
-/** How long writeLater waits (a burst of steps makes one write). */
-export const WRITE_LATER_MS = 20;
+/**
+ * How long writeLater waits: the steps in it make one write. Serializing the ring and the
+ * rename cost 0.7-1 ms of the server's thread per write (more with a long ring), which at 20 ms
+ * landed inside the next step of an agent issuing them back to back.
+ */
+export const WRITE_LATER_MS = 1000;
 
 export class RewindStore {
   private readonly cache = new Map<string, RewindFile>();
@@ -172,9 +176,9 @@ export class RewindStore {
   /**
    * Writes the file as the cache then has it, without fsync, WRITE_LATER_MS from now under the
    * lock: once for every call until then. For what the ledger proves (a step's entry on its
-   * point): the write was 0.7-1 ms of event loop (serializing the ring, a rename) that ran
-   * before the step's answer went out, and now runs while the next step waits for its command,
-   * once per burst. Lost with the process, it is redone from the ledger (recoverRewind).
+   * point): the write ran on the microtasks ahead of the step's answer before, and now runs
+   * once per burst of steps. Lost with the process, it is redone from the ledger at the next
+   * start (recoverRewind); nothing reads the file while the process runs (the cache).
    */
   writeLater(uid: string): void {
     if (this.later.has(uid)) return;
