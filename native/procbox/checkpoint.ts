@@ -172,7 +172,7 @@ async function freezeBySnapshot(
     let scanned: Promise<number> | undefined;
     if (freeze) {
       await cg.setFrozen(true);
-      snapshotCounts.frozen++;
+      freezeCounts.snapshot++;
     }
     try {
       await pb.fileops.snapshot(pb.volDir(rec), join(pb.vs.dir, 'layers'), lid, rec.qgroup);
@@ -193,14 +193,14 @@ async function freezeBySnapshot(
   return { token: lid, layers: [...rec.layers, lid] };
 }
 
-/** Snapshots taken with the sandbox frozen, in this process (tests hold the idle case with it). */
-export const snapshotCounts = { frozen: 0 };
+/** Snapshots and restores done with the sandbox frozen, in this process (tests hold the idle case with it). */
+export const freezeCounts = { snapshot: 0, restore: 0 };
 
 /**
  * Whether the sandbox runs nothing but its init and its idle standby exec helper (standby.ts),
- * neither of which writes to the workspace: then there is nothing for a freeze to stop, and
- * its freeze and thaw (0.45 ms of a point here, much of it the server's thread waiting for the
- * cgroup's state) are left out. Exact, not a count: the pids cgroup must list these two
+ * neither of which writes to the workspace or holds it open: then there is nothing for a freeze
+ * to stop, and its freeze and thaw (0.45 ms of a point or a restore here, much of it the
+ * server's thread waiting for the cgroup's state) are left out. Exact, not a count: the pids cgroup must list these two
  * processes and hold no other task (threads and child cgroups, such as a job's, included).
  * A command that starts after this check runs beside the snapshot like one started before a
  * freeze would, up to the instant of the snapshot, which holds what a host crash would leave
@@ -283,12 +283,15 @@ export async function restore(pb: ProcboxCore, id: string, checkpointId: string)
     pb.fault('restore:renamed');
     if (pb.alive(rec)) {
       const cg = pb.cgroups(id);
-      const held = rec.paused || !!rec.frozen;
-      if (!held) await cg.setFrozen(true);
+      const freeze = !(rec.paused || !!rec.frozen) && !idle(pb, rec);
+      if (freeze) {
+        await cg.setFrozen(true);
+        freezeCounts.restore++;
+      }
       try {
         await remountWorkspace(pb, rec, 'discard');
       } finally {
-        if (!held) await cg.setFrozen(false);
+        if (freeze) await cg.setFrozen(false);
       }
       pb.fault('restore:remounted');
     }

@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import type { ProcboxCore } from '../../../native/procbox/core.js';
 import { overlayAt } from '../../../native/procbox/mountinfo.js';
 import { ProcboxRuntime } from '../../../native/procbox/procbox.js';
-import { snapshotCounts } from '../../../native/procbox/checkpoint.js';
+import { freezeCounts } from '../../../native/procbox/checkpoint.js';
 import type { CheckpointRecord, LayerMeta, SandboxRecord } from '../../../native/procbox/state.js';
 import { skipWith } from '../../skip.js';
 import { eventually } from '../../support/wait.js';
@@ -154,26 +154,31 @@ describe('procbox checkpoint: btrfs snapshot freeze', function () {
     expect(ck3.sizeBytes).to.equal(ck2.sizeBytes);
   });
 
-  it('a sandbox running only its init and idle standby is not frozen for a point; one running anything else is, a job in its own cgroup too', async () => {
+  it('a sandbox running only its init and idle standby is not frozen for a point or a restore; one running anything else is, a job in its own cgroup too', async () => {
     const pb = (fx.rt as unknown as { pb: ProcboxCore }).pb;
     expect((await sh(fx.rt, 'a', 'printf one > /work/f')).code).to.equal(0);
     // The standby of the next command is spawned after the last one (AFTER_EXEC_DELAY_MS).
     await eventually(() => pb.standbys.has('a'), 10_000, 'the standby exec helper');
-    const frozen = () => snapshotCounts.frozen;
+    const frozen = () => freezeCounts.snapshot;
     const ours = () => [pb.records.get('a')!.pid!, ...(pb.standbys.has('a') ? [pb.standbys.get('a')!.child.pid!] : [])];
     const f0 = frozen();
     const idle = await fx.rt.checkpointDeferred('a', 'idle');
     await idle.sync();
     expect(frozen(), 'an idle sandbox: no freeze').to.equal(f0);
-    // Taken without the freeze, it restores byte-for-byte.
+    // Taken without the freeze, it restores byte-for-byte; the idle sandbox's restore freezes nothing either.
     expect((await sh(fx.rt, 'a', 'printf two > /work/f')).code).to.equal(0);
+    await eventually(() => pb.standbys.has('a'), 10_000, 'the standby after the command');
+    const r0 = freezeCounts.restore;
     await fx.rt.restore('a', 'idle');
+    expect(freezeCounts.restore, 'an idle restore: no freeze').to.equal(r0);
     expect((await sh(fx.rt, 'a', 'cat /work/f')).out).to.equal('one');
     // A process left running by a command: frozen.
     expect((await sh(fx.rt, 'a', 'sleep 60 >/dev/null 2>&1 &')).code).to.equal(0);
     await eventually(() => pb.standbys.has('a'), 10_000, 'the standby after the command');
     await (await fx.rt.checkpointDeferred('a', 'busy')).sync();
     expect(frozen(), 'a process running: one freeze').to.equal(f0 + 1);
+    await fx.rt.restore('a', 'busy');
+    expect(freezeCounts.restore, 'a restore with a process running: one freeze').to.equal(r0 + 1);
     expect((await sh(fx.rt, 'a', 'pkill sleep; true')).code).to.equal(0);
     // A background job (its own child cgroup): frozen too.
     const job = await fx.rt.startJob('a', { id: 'j1', argv: ['sleep', '60'] });
