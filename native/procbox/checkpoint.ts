@@ -200,8 +200,9 @@ export const freezeCounts = { snapshot: 0, restore: 0 };
  * Whether the sandbox runs nothing but its init and its idle standby exec helper (standby.ts),
  * neither of which writes to the workspace or holds it open: then there is nothing for a freeze
  * to stop, and its freeze and thaw (0.45 ms of a point or a restore here, much of it the
- * server's thread waiting for the cgroup's state) are left out. Exact, not a count: the pids cgroup must list these two
- * processes and hold no other task (threads and child cgroups, such as a job's, included).
+ * server's thread waiting for the cgroup's state) are left out. Exact, not a count: the pids
+ * cgroup must list these processes and hold no other task (threads and child cgroups, such as
+ * a job's, included).
  * A command that starts after this check runs beside the snapshot like one started before a
  * freeze would, up to the instant of the snapshot, which holds what a host crash would leave
  * then (btrfs snapshots are crash-consistent); only a syscall of it in flight at that instant
