@@ -10,6 +10,7 @@ import { mkdirSync, promises as fsp } from 'node:fs';
 import { join } from 'node:path';
 import type { AgentSession } from '../../apis/zz_generated.types.js';
 import { fsyncFile, writeFileAtomic } from '../../native/workspace/atomic.js';
+import { realClock, type Clock, type TimerHandle } from '../../runtime/controller/clock.js';
 import { KeyedLock } from '../common/keyedlock.js';
 import type { SessionState } from './state.js';
 
@@ -127,10 +128,13 @@ export const WRITE_LATER_MS = 1000;
 
 export class RewindStore {
   private readonly cache = new Map<string, RewindFile>();
-  private readonly later = new Map<string, NodeJS.Timeout>();
+  private readonly later = new Map<string, TimerHandle>();
   readonly lock = new KeyedLock();
 
-  constructor(private readonly sessionDir: (uid: string) => string) {}
+  constructor(
+    private readonly sessionDir: (uid: string) => string,
+    private readonly clock: Clock = realClock,
+  ) {}
 
   private file(uid: string): string {
     return join(this.sessionDir(uid), 'rewind.json');
@@ -182,7 +186,7 @@ export class RewindStore {
    */
   writeLater(uid: string): void {
     if (this.later.has(uid)) return;
-    const t = setTimeout(() => {
+    const t = this.clock.setTimeout(() => {
       this.later.delete(uid);
       void this.lock
         .run(uid, async () => {
@@ -191,7 +195,6 @@ export class RewindStore {
         })
         .catch(() => undefined); // left to the next write, or to recovery from the ledger
     }, WRITE_LATER_MS);
-    t.unref();
     this.later.set(uid, t);
   }
 
@@ -213,17 +216,20 @@ export class RewindStore {
   }
 
   forget(uid: string): void {
-    clearTimeout(this.later.get(uid));
+    this.later.get(uid)?.cancel();
     this.later.delete(uid);
     this.cache.delete(uid);
   }
 }
 
 const stores = new WeakMap<SessionState, RewindStore>();
-/** The one store of a state directory (the reconciler and the handlers share it). */
-export function rewindStore(state: SessionState): RewindStore {
+/**
+ * The one store of a state directory (the reconciler and the handlers share it), made on the
+ * first call with that call's clock (its writeLater timers; tests pass a FakeClock first).
+ */
+export function rewindStore(state: SessionState, clock?: Clock): RewindStore {
   let s = stores.get(state);
-  if (!s) stores.set(state, (s = new RewindStore((uid) => state.sessionDir(uid))));
+  if (!s) stores.set(state, (s = new RewindStore((uid) => state.sessionDir(uid), clock)));
   return s;
 }
 

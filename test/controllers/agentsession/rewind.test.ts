@@ -24,6 +24,7 @@ import {
   WRITE_LATER_MS,
 } from '../../../controllers/agentsession/rewind-store.js';
 import { SessionState } from '../../../controllers/agentsession/state.js';
+import { FakeClock } from '../../../runtime/controller/clock.js';
 import { rewindListText } from '../../../cmd/fluxctl/agent-rewind.js';
 
 const pt = (seq: number, extra: Partial<RewindPoint> = {}): RewindPoint => ({
@@ -348,10 +349,11 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
     expect(ordered(await rewindStore(state).read(uid)).map((p) => p.tag)).to.deep.equal(['p-2']);
   });
 
-  it("done() records the step's entry at once and writes the file after the step's answer, once for a burst; not for a forgotten session", async () => {
+  it("done() records the step's entry at once and writes the file WRITE_LATER_MS later, once for a burst; not for a forgotten session", async () => {
     const ledger = new Ledger(dir);
     const state = new SessionState(dir);
-    const store = rewindStore(state);
+    const clock = new FakeClock();
+    const store = rewindStore(state, clock);
     const runtime = {
       checkpointDeferred: async (_id: string, ck: string) => ({
         id: ck,
@@ -368,6 +370,7 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
       const f = join(state.sessionDir(uid), 'rewind.json');
       return existsSync(f) ? (JSON.parse(readFileSync(f, 'utf8')) as RewindFile) : undefined;
     };
+    const entries = (uid: string) => onDisk(uid)?.points.map((p) => p.stepEntry);
     const step = async (uid: string, command: string) => {
       const t = { s: session({ enabled: true }, uid), uid, sandboxId: 'sbx' };
       const h = (await rewindBeforeStep(d, t, 'exec', command))!;
@@ -379,28 +382,25 @@ describe('agentsession rewind: a point costs no flush on the step path (rewindBe
     const uid = 'u-later';
     const e1 = await step(uid, 'one');
     const e2 = await step(uid, 'two');
-    // In memory at once (list, undo and bisect read it there)...
+    // In memory at once (list, undo and bisect read it there); on disk not before the delay's edge.
     expect((await store.read(uid)).points.map((p) => p.stepEntry)).to.deep.equal([e1, e2]);
-    // ...on disk not yet: the write no longer runs ahead of the step's answer (the caller's next turns).
-    await new Promise((r) => setImmediate(r));
-    expect(onDisk(uid)?.points.map((p) => p.stepEntry)).to.equal(undefined);
-    await eventually(
-      () =>
-        onDisk(uid)
-          ?.points.map((p) => p.stepEntry)
-          .join() === `${e1},${e2}`,
-      WRITE_LATER_MS + 5000,
-      'the write',
-    );
+    await clock.advance(WRITE_LATER_MS - 1);
+    expect(entries(uid), 'at WRITE_LATER_MS - 1: not written').to.equal(undefined);
+    await clock.advance(1);
+    // One write for both steps (the write itself runs under the store's lock, after the timer).
+    await eventually(() => entries(uid)?.join() === `${e1},${e2}`, 5000, 'the write at WRITE_LATER_MS');
+    expect(clock.pending(), 'no second write pending').to.equal(0);
     // A session forgotten (deleted) before its write: the write does not make its directory again.
-    // Another session's write asked for after it comes after it (timers of one delay fire in order).
     const gone = 'u-gone';
     await step(gone, 'one');
+    expect(clock.pending()).to.equal(1);
     store.forget(gone);
+    expect(clock.pending(), 'its write cancelled').to.equal(0);
     rmSync(state.sessionDir(gone), { recursive: true, force: true });
     const later = 'u-after';
     await step(later, 'one');
-    await eventually(() => onDisk(later) !== undefined, WRITE_LATER_MS + 5000, "the later session's write");
+    await clock.advance(WRITE_LATER_MS);
+    await eventually(() => onDisk(later) !== undefined, 5000, "the later session's write");
     expect(existsSync(state.sessionDir(gone))).to.equal(false);
   });
 });
