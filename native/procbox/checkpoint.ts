@@ -2,6 +2,7 @@
 // layer, or off btrfs a mark, plus a record of the layer stack), restore (the checkpoint's stack
 // under a fresh writable layer) and their deletion.
 import { randomBytes } from 'node:crypto';
+import { setImmediate as nextTurn } from 'node:timers/promises';
 import { existsSync, promises as fsp, renameSync, rmSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { RuntimeError, type CheckpointInfo } from '../runtime.js';
@@ -113,7 +114,8 @@ async function take(
     (flushed ??=
       deferSync && token
         ? layerToDisk(pb, token, snapped)
-            .then(() => nextTurn(() => (snapped ? writeUnwrittenMeta(pb, token) : undefined)))
+            .then(() => nextTurn())
+            .then(() => (snapped ? writeUnwrittenMeta(pb, token) : undefined))
             .then(() => fsyncPaths([pb.ckptFile(checkpointId)]))
         : Promise.resolve());
   return { info, sync };
@@ -228,20 +230,6 @@ function idle(pb: ProcboxCore, rec: SandboxRecord): boolean {
  */
 async function layerToDisk(pb: ProcboxCore, lid: string, snapshot: boolean): Promise<void> {
   if (!snapshot) await pb.fileops.syncfs(pb.layerDir(lid));
-}
-
-/** Runs `fn` on the next turn of the event loop (after the I/O its caller starts now). */
-function nextTurn(fn: () => void): Promise<void> {
-  return new Promise((resolve, reject) =>
-    setImmediate(() => {
-      try {
-        fn();
-        resolve();
-      } catch (e) {
-        reject(e);
-      }
-    }),
-  );
 }
 
 /** fsync of each file and of its directory (one fsync per distinct directory). */
