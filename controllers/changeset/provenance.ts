@@ -18,7 +18,7 @@
 import { readFile } from 'node:fs/promises';
 import type { Changeset, Sandbox } from '../../apis/zz_generated.types.js';
 import { RuntimeError } from '../../native/runtime.js';
-import { createStaging, type Manifest } from '../../native/workspace/index.js';
+import { readStagedBase, type Manifest } from '../../native/workspace/index.js';
 import type { SubresourceHandler } from '../../runtime/apiserver/http/subresources.js';
 import { respond } from '../../runtime/apiserver/http/subresources.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
@@ -121,7 +121,7 @@ export class ChangesetProvenance {
    */
   async record(cs: Changeset, meta: ChangesetMeta, dir: string): Promise<ProvenanceSummary> {
     return writeSignedStatement(`${dir}/${FILE}`, this.o.signer, async () => {
-      const base = await (await createStaging(dir)).readBase().catch((e) => {
+      const base = await readStagedBase(dir).catch((e) => {
         if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
         throw e;
       });

@@ -18,6 +18,7 @@ export { diffManifests, checkDrift, type Drift } from './diff.js';
 export { writeFileAtomic, mkdirPrivate, fsyncDir, removeTempFiles, type AtomicWriteOptions } from './atomic.js';
 export {
   createStaging,
+  readStagedBase,
   StagingStore,
   DEFAULT_STAGING_CAPS,
   type StagingCaps,

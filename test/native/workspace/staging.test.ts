@@ -1,10 +1,20 @@
 import { expect } from 'chai';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  existsSync,
+  mkdtempSync,
+  readFileSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { RuntimeError } from '../../../native/runtime.js';
-import { createStaging, type StagedBlob } from '../../../native/workspace/staging.js';
+import { SYNC_WRITE_MAX } from '../../../native/workspace/atomic.js';
+import { createStaging, readStagedBase, type StagedBlob } from '../../../native/workspace/staging.js';
 import type { Manifest } from '../../../native/workspace/types.js';
 
 const sha = (b: Buffer | string) => 'sha256:' + createHash('sha256').update(b).digest('hex');
@@ -144,6 +154,27 @@ describe('workspace/staging', () => {
     await again.remove();
     await again.remove();
     expect(existsSync(dir)).to.equal(false);
+  });
+
+  it('readStagedBase: base.json at and one byte past the synchronous-read size, NotFound, Internal, no symlink', async () => {
+    const dir = join(tmp, 'cs');
+    const st = await createStaging(dir);
+    for (const size of [SYNC_WRITE_MAX, SYNC_WRITE_MAX + 1]) {
+      const base = { mode: 'sha256', paths: ['/work'], files: {}, takenAt: '' } as Manifest;
+      const pad = size - Buffer.byteLength(JSON.stringify(base));
+      base.takenAt = 'é'.repeat(pad >> 1) + 'x'.repeat(pad & 1); // two bytes each: multi-byte text across the edge
+      await st.writeBase(base);
+      expect(statSync(join(dir, 'base.json')).size).to.equal(size);
+      expect(await readStagedBase(dir)).to.deep.equal(base);
+      expect(await st.readBase()).to.deep.equal(base);
+    }
+    expect(await readStagedBase(join(tmp, 'none')).catch((e: RuntimeError) => e.code)).to.equal('NotFound');
+    writeFileSync(join(dir, 'base.json'), '{"trunc');
+    expect(await readStagedBase(dir).catch((e: RuntimeError) => e.code)).to.equal('Internal');
+    rmSync(join(dir, 'base.json'));
+    writeFileSync(join(tmp, 'elsewhere.json'), JSON.stringify({ mode: 'sha256', paths: [], files: {}, takenAt: '' }));
+    symlinkSync(join(tmp, 'elsewhere.json'), join(dir, 'base.json'));
+    expect(await readStagedBase(dir).catch((e: NodeJS.ErrnoException) => e.code)).to.equal('ELOOP');
   });
 
   it('readMeta: NotFound when absent, Internal when corrupt', async () => {
