@@ -1,0 +1,108 @@
+// jsonBytes (controllers/common/jsonbytes.ts): the same bytes as Buffer.from(JSON.stringify(v)) for
+// what a Statement holds and for the corners of JSON.stringify's rules, with arrays around the
+// 64-element batch edge, big arrays nested in big arrays, and text that JSON must escape.
+import { expect } from 'chai';
+import { jsonBytes } from '../../../controllers/common/jsonbytes.js';
+import { changesetStatement } from '../../../controllers/changeset/provenance.js';
+import type { ChangesetMeta } from '../../../controllers/changeset/meta.js';
+import type { Changeset } from '../../../apis/zz_generated.types.js';
+
+function same(v: unknown, what: string): void {
+  const want = Buffer.from(JSON.stringify(v));
+  const got = jsonBytes(v);
+  expect(got.toString(), what).to.equal(want.toString());
+  expect(got.equals(want), what).to.equal(true);
+}
+
+describe('jsonBytes: JSON.stringify bytes built in batches', () => {
+  it('arrays at, one under and one past each batch edge, with holes, undefined and functions inside', () => {
+    for (const n of [0, 1, 63, 64, 65, 127, 128, 129, 1000]) {
+      const a: unknown[] = Array.from({ length: n }, (_, i) =>
+        i % 7 === 0 ? undefined : i % 11 === 0 ? () => i : { i, s: `x${i}`, u: undefined },
+      );
+      if (n > 3) delete a[2]; // a hole
+      same(a, `array of ${n}`);
+      same({ a, tail: n }, `object holding an array of ${n}`);
+    }
+  });
+
+  it('big arrays inside big arrays, nested objects, and the values JSON.stringify drops or rewrites', () => {
+    const inner = Array.from({ length: 200 }, (_, i) => ({ i, deep: Array.from({ length: 70 }, (_, j) => j * i) }));
+    same({ outer: Array.from({ length: 130 }, () => inner.slice(0, 3)), inner }, 'nested');
+    same(
+      {
+        u: undefined,
+        f: () => 1,
+        sym: Symbol('s'),
+        [Symbol('k')]: 1,
+        n: null,
+        nan: NaN,
+        inf: -Infinity,
+        d: new Date(0),
+        m: new Map([[1, 2]]),
+        boxed: new String('ab'),
+        custom: { toJSON: () => ({ replaced: true }) },
+        notAFunction: { toJSON: 1 },
+        bare: Object.assign(Object.create(null) as object, { x: 1 }),
+      },
+      'corners',
+    );
+    const withToJson = Object.assign(
+      Array.from({ length: 100 }, (_, i) => i),
+      { toJSON: () => 'whole' },
+    );
+    same({ withToJson }, 'an array with its own toJSON');
+    same(
+      Array.from({ length: 100 }, (_, i) => i),
+      'a top-level array',
+    );
+    same('text', 'a string');
+    same(7, 'a number');
+  });
+
+  it('text JSON escapes: quotes, control characters, lone surrogates, U+2028, multi-byte characters', () => {
+    const names = Array.from({ length: 150 }, (_, i) => `/w/"q\\${String.fromCharCode(i % 32)}\ud800é漢😀\u2028${i}`);
+    same({ subject: names.map((name) => ({ name })), [`k"\n\ud800`]: names }, 'escapes');
+  });
+
+  it("a 1,000-file changeset's Statement", () => {
+    const staged = Array.from({ length: 1000 }, (_, i) => ({
+      path: `/work/src/file-${i}.ts`,
+      sha256: 'sha256:' + i.toString(16).padStart(64, '0'),
+      size: 10,
+      blob: String(i).padStart(6, '0'),
+      mode: 0o644,
+    }));
+    const meta = {
+      uid: 'u',
+      namespace: 'ns',
+      name: 'cs',
+      sandbox: { name: 'dev', uid: 's' },
+      command: ['make'],
+      paths: ['/work'],
+      runVia: 'workspace-copy',
+      layered: true,
+      exitCode: 0,
+      changes: { added: [], modified: staged.map((e) => e.path), deleted: ['/work/gone'] },
+      staged,
+      sideEffects: { egress: 'none', network: 'none', measured: true, contacted: [], held: [] },
+    } as unknown as ChangesetMeta;
+    const st = changesetStatement({
+      cs: { spec: {}, status: { startedAt: '2026-12-07T09:00:00Z' } } as unknown as Changeset,
+      meta,
+      base: {
+        mode: 'sha256',
+        paths: ['/work'],
+        files: Object.fromEntries(staged.map((e) => [e.path, e.sha256])),
+        takenAt: '2026-12-07T08:59:59Z',
+      } as never,
+      appliedAt: '2026-12-07T09:00:01Z',
+    });
+    same(st, 'statement');
+  });
+
+  it('refuses what has no JSON text, as JSON.stringify returns undefined for it', () => {
+    expect(() => jsonBytes(undefined)).to.throw(TypeError);
+    expect(() => jsonBytes(() => 1)).to.throw(TypeError);
+  });
+});
