@@ -314,5 +314,26 @@ describe('provenance: DSSE signer and the changeset Statement', () => {
     expect(summaryOf(bytes).digest).to.match(/^sha256:[0-9a-f]{64}$/);
     const pub = (await signer.get()).publicKey;
     expect(() => verifyEnvelope(JSON.parse(bytes.toString()), pub)).to.not.throw();
+    // The summary made from the Statement in hand is the one read back from the bytes.
+    expect(a).to.deep.equal(summaryOf(bytes));
+  });
+
+  it('signToJson is JSON.stringify(sign(payload)) and a newline, byte for byte, at every base64 slice edge', async () => {
+    const s = await loadOrCreateSigner(dir);
+    // Ed25519 is deterministic, so both ways sign the same bytes the same. The slice is 49,152
+    // payload bytes: lengths at, one under and one past it (and its double), each length mod 3.
+    for (const n of [0, 1, 2, 3, 4, 49151, 49152, 49153, 49154, 98303, 98304, 98305, 300001]) {
+      const payload = Buffer.alloc(n);
+      for (let i = 0; i < n; i++) payload[i] = (i * 7 + n) & 0xff;
+      const want = Buffer.from(JSON.stringify(s.sign(payload)) + '\n');
+      const got = s.signToJson(payload);
+      expect(got.equals(want), `payload of ${n} bytes`).to.equal(true);
+      expect(verifyEnvelope(JSON.parse(got.toString()), s.publicKey).payload.equals(payload)).to.equal(true);
+    }
+    // A payload type that JSON must escape is escaped as JSON.stringify escapes it.
+    const odd = 'application/x"\\\u00e9\u2028';
+    expect(
+      s.signToJson(Buffer.from('{}'), odd).equals(Buffer.from(JSON.stringify(s.sign(Buffer.from('{}'), odd)) + '\n')),
+    ).to.equal(true);
   });
 });
