@@ -13,6 +13,7 @@ import { fileURLToPath } from 'node:url';
 const here = path.dirname(fileURLToPath(import.meta.url));
 // bench/auth.ts and lib.ts are modules (auth is printed by apiserver.ts), not scripts.
 const ALL = [
+  'hostfloor',
   'apiserver',
   'serve-start',
   'procbox',
