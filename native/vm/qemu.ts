@@ -26,6 +26,7 @@ import { connect } from 'node:net';
 import { tmpdir } from 'node:os';
 import { dirname, isAbsolute, join, relative } from 'node:path';
 import { QmpClient } from './qmp.js';
+import { writeQcow2Overlay } from './qcow2.js';
 import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
 
@@ -506,6 +507,8 @@ function killQuietly(pid: number): void {
 export async function createOverlay(path: string, backing: string, size: string, base?: string): Promise<void> {
   const inBase = (p: string) => base !== undefined && p.startsWith(`${base}/`);
   const ref = inBase(path) && inBase(backing) ? relative(dirname(path), backing) : backing;
+  // qemu-img's bytes written without starting it (qcow2.ts); qemu-img for what that does not cover.
+  if (await writeQcow2Overlay(path, ref, size)) return;
   await execFileP('qemu-img', ['create', '-q', '-f', 'qcow2', '-u', '-F', 'qcow2', '-b', ref, path, size]);
 }
 
