@@ -2,7 +2,8 @@
 // HTTPS (open, 256 chunks each acknowledged once its bytes and record are written on the host,
 // fdatasync'ed every 64 MiB; complete: checksum verified, streamed into the sandbox by the
 // fd-anchored tar-in, renamed into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
-// (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA).
+// (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA),
+// beside the floor any upload has: dd writing the same size durably into the workspace, inside the sandbox.
 //   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1[,2...]] [--baseline DIR] [--cpu-prof FILE]
 // --baseline DIR: a second serve from another checkout (the old code, e.g. `git archive`d) runs
 // beside this checkout's, and its uploads alternate with this one's in the same loop (A/B).
@@ -102,9 +103,10 @@ function cpuMs(pid: number): number {
 }
 
 /** Makes the session on `f`; returns one upload of the file into it. */
-async function uploader(
-  f: Fluxctl,
-): Promise<(window: number) => Promise<{ total: number; complete: number; cpu: number }>> {
+async function uploader(f: Fluxctl): Promise<{
+  up: (window: number) => Promise<{ total: number; complete: number; cpu: number }>;
+  volume: () => Promise<number>;
+}> {
   const apply = await f.kubectl(['apply', '-f', '-'], {
     input: JSON.stringify({
       apiVersion: 'fluxvm.dev/v1alpha1',
@@ -151,11 +153,35 @@ ${f.logs().slice(-3000)}`);
     return { wrote, done };
   };
   const call = (method: string, p: string, body?: Buffer, type?: string) => request(method, p, body, type).done;
-  return async (window: number) => {
-    // The previous run's file goes first (not timed): replacing it would need twice its size in
-    // the sandbox's volume, which grows on demand (a 507 when the growth lags).
+  // The previous run's file goes first (not timed): replacing it would need twice its size in
+  // the sandbox's volume, which grows on demand (a 507 when the growth lags).
+  const clear = async () => {
     const del = await call('DELETE', sessionsPath('files?path=/work/bench.bin'));
     if (del.status !== 200 && del.status !== 404) throw new Error(`delete: ${del.status} ${del.body}`);
+  };
+  // The floor of any upload into the sandbox: the same size written durably into its workspace
+  // by dd inside it (conv=fsync), its own time as dd reports it.
+  const volume = async () => {
+    await clear();
+    const r = await call(
+      'POST',
+      sessionsPath('exec'),
+      Buffer.from(
+        JSON.stringify({
+          command: [
+            'sh',
+            '-c',
+            `dd if=/dev/zero of=/work/dd.bin bs=4M count=${size / (4 * MiB)} conv=fsync 2>&1; rm -f /work/dd.bin`,
+          ],
+        }),
+      ),
+    );
+    const m = /copied, ([\d.]+) s/.exec(r.body);
+    if (r.status !== 200 || !m) throw new Error(`dd in the sandbox: ${r.status} ${r.body}`);
+    return Number(m[1]) * 1000;
+  };
+  const up = async (window: number) => {
+    await clear();
     const cpu0 = cpuMs(f.child.pid!);
     const t = performance.now();
     const o = await call(
@@ -196,6 +222,7 @@ ${f.logs().slice(-3000)}`);
     const end = performance.now();
     return { total: end - t, complete: end - chunksDone, cpu: cpuMs(f.child.pid!) - cpu0 };
   };
+  return { up, volume };
 }
 
 try {
@@ -218,19 +245,22 @@ try {
   type Run = { total: number; complete: number; cpu: number };
   const variants: { label: string; up: () => Promise<Run>; runs: Run[] }[] = [];
   for (const w of windows) {
-    variants.push({ label: `upload, ${w} in flight`, up: () => upload(w), runs: [] });
-    if (uploadOld) variants.push({ label: `baseline ${baseline}, ${w} in flight`, up: () => uploadOld(w), runs: [] });
+    variants.push({ label: `upload, ${w} in flight`, up: () => upload.up(w), runs: [] });
+    if (uploadOld)
+      variants.push({ label: `baseline ${baseline}, ${w} in flight`, up: () => uploadOld.up(w), runs: [] });
   }
   // One of each first (warm caches, the helper processes), not counted.
   await curl();
   for (const v of variants) await v.up();
   const curls: number[] = [];
   const floors: number[] = [];
+  const volumes: number[] = [];
   const loads: string[] = [];
   for (let i = 0; i < runs; i++) {
     loads.push(os.loadavg()[0]!.toFixed(1));
     curls.push(await curl());
     floors.push(await curl(hashUrl));
+    volumes.push(await upload.volume());
     // Rotate which goes first.
     for (let k = 0; k < variants.length; k++) {
       const v = variants[(i + k) % variants.length]!;
@@ -255,12 +285,13 @@ try {
       '|---|---|---|---|',
       `| curl -T to a Node HTTPS sink (same host) | ${curlMs.toFixed(0)} ms | ${rate(curlMs)} | ${ms(curls)} |`,
       `| floor: curl -T to the sink hashing sha256 + crc32 as serve does | ${median(floors).toFixed(0)} ms | ${rate(median(floors))} | ${ms(floors)} |`,
+      `| floor: dd of the same size into the sandbox's workspace, inside it (conv=fsync) | ${median(volumes).toFixed(0)} ms | ${rate(median(volumes))} | ${ms(volumes)} |`,
       ...variants.flatMap((v) => rows(v.label, v.runs)),
       `| client-side sha256 of the file (fluxctl does it before opening; not in the upload time) | ${hashMs.toFixed(0)} ms | | |`,
       '',
       `Ratio / curl (target <= 1.5x): ${variants
         .map((v) => `${v.label} **${(median(v.runs.map((r) => r.total)) / curlMs).toFixed(2)}x**`)
-        .join('; ')}.`,
+        .join('; ')}; the workspace's own durable write (dd) ${(median(volumes) / curlMs).toFixed(2)}x.`,
     ],
   );
 } finally {
