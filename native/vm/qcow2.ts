@@ -12,10 +12,7 @@
 //   cluster 2  the refcount block (16-bit refcounts): clusters 0-3 in use;
 //   cluster 3  the L1 table: one zero entry per 512 MiB of the virtual size (rounded up).
 // A size over 4 TiB (an L1 table over one cluster: a different layout) goes to qemu-img.
-import { closeSync, constants as fsc, fdatasync, fsync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
-import { randomBytes } from 'node:crypto';
-import { basename, dirname, join } from 'node:path';
-import { promisify } from 'node:util';
+import { writeFileAtomic } from '../workspace/atomic.js';
 
 const CLUSTER = 1 << 16;
 const MAGIC = 0x514649fb; // "QFI\xfb"
@@ -90,41 +87,16 @@ export function qcow2Overlay(backing: string, bytes: number): Buffer | undefined
   return out;
 }
 
-const fdatasyncP = promisify(fdatasync);
-const fsyncP = promisify(fsync);
-
 /**
- * Writes the overlay to `path` (mode 0644 less the umask, as qemu-img): a temporary name
- * beside it, its data synced, then renamed over `path` and the directory synced, so `path` is
- * never a half-written image. Returns false (nothing written) where qemu-img must make it.
+ * Writes the overlay to `path`, mode 0644 (qemu-img's under the usual umask: QEMU, which may run
+ * as its own user, opens frozen copies of it as backing files), atomically and durably
+ * (writeFileAtomic: never a half-written image at `path`). Returns false (nothing written)
+ * where qemu-img must make it.
  */
 export async function writeQcow2Overlay(path: string, backing: string, size: string): Promise<boolean> {
   const bytes = qcow2Size(size);
   const image = bytes === undefined ? undefined : qcow2Overlay(backing, bytes);
   if (!image) return false;
-  const tmp = join(dirname(path), `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
-  const fd = openSync(tmp, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, 0o644);
-  try {
-    try {
-      for (let off = 0; off < image.length;) off += writeSync(fd, image, off, image.length - off, off);
-      await fdatasyncP(fd);
-    } finally {
-      closeSync(fd);
-    }
-    renameSync(tmp, path);
-  } catch (e) {
-    try {
-      unlinkSync(tmp);
-    } catch {
-      // renamed or never made
-    }
-    throw e;
-  }
-  const d = openSync(dirname(path), fsc.O_RDONLY | fsc.O_DIRECTORY);
-  try {
-    await fsyncP(d);
-  } finally {
-    closeSync(d);
-  }
+  await writeFileAtomic(path, image, 0o644);
   return true;
 }
