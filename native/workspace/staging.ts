@@ -12,12 +12,23 @@
 // lists it in `unstaged` (a changeset with unstaged files cannot be applied). A file of
 // exactly the cap is staged. Contents always come from the caller (read through the
 // Runtime), never from a host path into a sandbox.
-import { closeSync, constants as fsConstants, fstatSync, openSync, readFileSync } from 'node:fs';
-import { open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import {
+  closeSync,
+  constants as fsConstants,
+  fstatSync,
+  openSync,
+  readFile as readFileCb,
+  readFileSync,
+} from 'node:fs';
+import { open, readdir, rename, rm, stat } from 'node:fs/promises';
+import { promisify } from 'node:util';
 import { RuntimeError } from '../runtime.js';
 import { fsyncDir, mkdirPrivate, SYNC_WRITE_MAX, writeFileAtomic } from './atomic.js';
 import { sha256Fingerprint } from './hash.js';
 import type { Manifest } from './types.js';
+
+/** fs.readFile of an open fd (fs.promises.readFile takes a FileHandle, not an fd). */
+const readFd = promisify(readFileCb) as (fd: number, enc: 'utf8') => Promise<string>;
 
 export interface StagingCaps {
   maxFileBytes: number;
@@ -247,10 +258,10 @@ async function readText(path: string): Promise<string> {
   const fd = openSync(path, fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
   try {
     if (fstatSync(fd).size <= SYNC_WRITE_MAX) return readFileSync(fd, 'utf8');
+    return await readFd(fd, 'utf8');
   } finally {
     closeSync(fd);
   }
-  return readFile(path, 'utf8');
 }
 
 async function readJson<T>(path: string): Promise<T> {
