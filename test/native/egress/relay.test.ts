@@ -66,6 +66,9 @@ async function send(s: net.Socket, b: Buffer): Promise<void> {
  * A CONNECT tunnel through the proxy (half-open allowed: the client's end is its own); bytes after the 200 stay
  * readable.
  */
+/** The proxy's reasons for the CONNECTs it refused (its audit), for a refusal's error message. */
+let denials = (): string => '';
+
 function tunnel(port: number, target: string): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
     const s = net.connect({ host: '127.0.0.1', port, localAddress: SBX, allowHalfOpen: true });
@@ -79,7 +82,9 @@ function tunnel(port: number, target: string): Promise<net.Socket> {
       s.off('data', on);
       s.pause();
       if (!/^HTTP\/1\.1 200/.test(head.toString('latin1')))
-        return reject(new Error(`CONNECT refused: ${head.toString('latin1').split('\r\n')[0]}`));
+        return reject(
+          new Error(`CONNECT refused: ${head.toString('latin1').split('\r\n')[0]} (the proxy: ${denials()})`),
+        );
       if (head.length > i + 4) s.unshift(head.subarray(i + 4));
       resolve(s);
     };
@@ -192,6 +197,11 @@ describe('egress proxy: bulk tunnels through the splice helper', function () {
   });
 
   let audit: AuditRecord[];
+  denials = () =>
+    (audit ?? [])
+      .filter((r) => r.decision === 'deny')
+      .map((r) => `${r.host}: ${r.reason}`)
+      .join('; ');
   const make = async (o: {
     relay: boolean;
     idleTimeoutMs?: number;
