@@ -60,8 +60,21 @@ fi
 [ -n "$KPKG" ] || { echo "vm-image: cannot find the Debian cloud kernel package" >&2; exit 1; }
 DEB="$(ls "$CACHE"/"$KPKG"_*.deb 2>/dev/null | head -n1 || true)"
 if [ -z "$DEB" ]; then
-  (cd "$CACHE" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$CACHE" && apt-get download "$KPKG" >&2)
-  DEB="$(ls "$CACHE"/"$KPKG"_*.deb | head -n1)"
+  # Two builds share the cache (make builds image and image-rootfs at once): the package is
+  # downloaded into a directory of this run's own and moved into the cache whole, under a lock,
+  # so the other build never reads a half-downloaded file (apt-get download writes in place).
+  exec 9>"$CACHE/.download.lock"
+  flock 9
+  DEB="$(ls "$CACHE"/"$KPKG"_*.deb 2>/dev/null | head -n1 || true)"
+  if [ -z "$DEB" ]; then
+    DL="$(mktemp -d "$CACHE/.download.XXXXXX")"
+    (cd "$DL" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$DL" && apt-get download "$KPKG" >&2)
+    mv "$DL"/"$KPKG"_*.deb "$CACHE"/
+    rmdir "$DL"
+    DEB="$(ls "$CACHE"/"$KPKG"_*.deb | head -n1)"
+  fi
+  flock -u 9
+  exec 9>&-
 fi
 
 ROOTFS_ID=none
