@@ -37,6 +37,27 @@ const row = (name: string, xs: number[], note = '') => {
 };
 
 /** Bare QEMU: the same kernel and machine, an initramfs whose init prints a marker. */
+/**
+ * N runs of `op`, each `gap` ms after the one before (0: back to back): their times and each
+ * phase's times (the runtime's lastBootPhases after each).
+ */
+async function spaced(
+  rt: VmRuntime,
+  gap: number,
+  op: (i: number) => Promise<unknown>,
+): Promise<{ ms: number[]; phases: Record<string, number[]> }> {
+  const ms: number[] = [];
+  const phases: Record<string, number[]> = {};
+  for (let i = 0; i < N; i++) {
+    if (gap) await new Promise((r) => setTimeout(r, gap));
+    const t0 = performance.now();
+    await op(i);
+    ms.push(performance.now() - t0);
+    for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (phases[k] ??= []).push(v);
+  }
+  return { ms, phases };
+}
+
 async function floorBoot(kernel: string, dir: string): Promise<number> {
   const root = join(dir, 'floor-root');
   rmSync(root, { recursive: true, force: true });
@@ -131,18 +152,10 @@ async function main(): Promise<void> {
       ['back to back', 0],
       ['warm pool', 1000],
     ] as const) {
-      const create: number[] = [];
-      const phases: Record<string, number[]> = {};
-      for (let i = 0; i < N; i++) {
-        if (gap) await new Promise((r) => setTimeout(r, gap));
-        const t0 = performance.now();
-        await rt.create({ id: `c${gap}-${i}` });
-        create.push(performance.now() - t0);
-        for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (phases[k] ??= []).push(v);
-      }
+      const { ms, phases } = await spaced(rt, gap, (i) => rt!.create({ id: `c${gap}-${i}` }));
       row(
         `create from template to agent-ready (${label})`,
-        create,
+        ms,
         `goal 300; phase medians ${Object.entries(phases)
           .map(([k, v]) => `${k} ${fmt(median(v))} (n=${v.length})`)
           .join(', ')}`,
@@ -216,40 +229,27 @@ async function main(): Promise<void> {
     );
     const ckDir = join(base, 'cold-0', 'checkpoints', 'k0');
     for (let i = 0; i < 600 && !existsSync(join(ckDir, 'ram')); i++) await new Promise((r) => setTimeout(r, 100));
-    const restore: number[] = [];
-    const rphases: Record<string, number[]> = {};
-    for (let i = 0; i < N; i++) {
-      const t0 = performance.now();
-      await rt.restore('c0-0', 'k0');
-      restore.push(performance.now() - t0);
-      for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (rphases[k] ??= []).push(v);
+    // Back to back, then spaced by 1 s, as a user's restores are by the work between them (the
+    // create rows' warm pool the same way): by then the QEMU the next restore takes (its
+    // standby, started after each restore) is up; back to back, each restore waits for it or
+    // starts its own.
+    for (const [label, gap, goal] of [
+      ['restore memory checkpoint once converted (RAM file)', 0, 'goal 250'],
+      [
+        'restore memory checkpoint once converted, its standby up (1 s apart)',
+        1000,
+        "goal 100 (the performance round's)",
+      ],
+    ] as const) {
+      const { ms, phases } = await spaced(rt, gap, () => rt!.restore('c0-0', 'k0'));
+      row(
+        label,
+        ms,
+        `${goal}; phases ${Object.entries(phases)
+          .map(([k, v]) => `${k} ${fmt(median(v))}`)
+          .join(', ')}`,
+      );
     }
-    row(
-      'restore memory checkpoint once converted (RAM file)',
-      restore,
-      `goal 250; phases ${Object.entries(rphases)
-        .map(([k, v]) => `${k} ${fmt(median(v))}`)
-        .join(', ')}`,
-    );
-    // Spaced by 1 s, as a user's restores are by the work between them (the create rows' warm
-    // pool the same way): the QEMU the next restore takes (its standby, started after each
-    // restore) is up by then; back to back above, each restore waits for it or starts its own.
-    const spaced: number[] = [];
-    const sphases: Record<string, number[]> = {};
-    for (let i = 0; i < N; i++) {
-      await new Promise((r) => setTimeout(r, 1000));
-      const t0 = performance.now();
-      await rt.restore('c0-0', 'k0');
-      spaced.push(performance.now() - t0);
-      for (const [k, v] of Object.entries(rt.timings.lastBootPhases ?? {})) (sphases[k] ??= []).push(v);
-    }
-    row(
-      'restore memory checkpoint once converted, its standby up (1 s apart)',
-      spaced,
-      `goal 100 (the performance round's); phases ${Object.entries(sphases)
-        .map(([k, v]) => `${k} ${fmt(median(v))}`)
-        .join(', ')}`,
-    );
 
     const fork: number[] = [];
     const fphases: Record<string, number[]> = {};
