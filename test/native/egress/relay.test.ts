@@ -62,13 +62,13 @@ async function send(s: net.Socket, b: Buffer): Promise<void> {
     if (!s.write(b.subarray(i, i + 65536))) await new Promise((r) => s.once('drain', r));
 }
 
+/** The proxy's reasons for the CONNECTs it refused (its audit), for a refusal's error message. */
+let denials = (): string => '';
+
 /**
  * A CONNECT tunnel through the proxy (half-open allowed: the client's end is its own); bytes after the 200 stay
  * readable.
  */
-/** The proxy's reasons for the CONNECTs it refused (its audit), for a refusal's error message. */
-let denials = (): string => '';
-
 function tunnel(port: number, target: string): Promise<net.Socket> {
   return new Promise((resolve, reject) => {
     const s = net.connect({ host: '127.0.0.1', port, localAddress: SBX, allowHalfOpen: true });
