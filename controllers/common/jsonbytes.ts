@@ -30,7 +30,7 @@ function pieces(v: unknown, out: string[]): boolean {
     out.push(']');
     return true;
   }
-  if (v !== null && typeof v === 'object' && !Array.isArray(v) && isPlain(v)) {
+  if (v !== null && typeof v === 'object' && isPlain(v)) {
     out.push('{');
     let first = true;
     for (const [k, x] of Object.entries(v)) {
