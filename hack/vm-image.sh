@@ -68,7 +68,8 @@ if [ -z "$DEB" ]; then
   DEB="$(ls "$CACHE"/"$KPKG"_*.deb 2>/dev/null | head -n1 || true)"
   if [ -z "$DEB" ]; then
     DL="$(mktemp -d "$CACHE/.download.XXXXXX")"
-    (cd "$DL" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$DL" && apt-get download "$KPKG" >&2)
+    (cd "$DL" && apt-get download "$KPKG" >&2 2>/dev/null) || (cd "$DL" && apt-get download "$KPKG" >&2) ||
+      { rm -rf "$DL"; exit 1; }
     mv "$DL"/"$KPKG"_*.deb "$CACHE"/
     rmdir "$DL"
     DEB="$(ls "$CACHE"/"$KPKG"_*.deb | head -n1)"
