@@ -24,6 +24,7 @@ import {
   type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
+  type StreamSource,
 } from './runtime.js';
 
 export abstract class RoutedRuntime {
@@ -183,7 +184,7 @@ export abstract class RoutedRuntime {
   async writeFileStream(
     id: string,
     path: string,
-    data: Readable,
+    data: StreamSource,
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
     const rt = await this.route(id);

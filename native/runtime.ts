@@ -376,6 +376,12 @@ export interface FileEntry {
   linkTarget?: string;
 }
 
+/**
+ * What writeFileStream reads: a stream, or an open regular file read from its current offset
+ * (the caller keeps it open until the write settles, then closes it).
+ */
+export type StreamSource = Readable | { readonly fd: number };
+
 export interface WriteFileOptions {
   mode?: number;
   /** Create missing parent directories (0755 inside the sandbox). */
@@ -499,9 +505,15 @@ export interface Runtime extends Partial<JobRuntime> {
    * temporary name next to the destination and are renamed over it only once all arrived, so
    * the path holds the old file or the whole new one. Fewer or more bytes than `size` fail
    * (InvalidArgument) and write nothing at the path. The caller drains or destroys `data`
-   * when this throws.
+   * when this throws. `data` may be an open file instead (an upload's staged file): a backend
+   * that can hands it to its writer as it is, so its bytes never pass through this process.
    */
-  writeFileStream?(id: string, path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void>;
+  writeFileStream?(
+    id: string,
+    path: string,
+    data: StreamSource,
+    opts: WriteFileOptions & { size: number },
+  ): Promise<void>;
   /**
    * Optional: up to `length` bytes of the regular file at `path` from `offset`, with its size,
    * mtime, a content-version validator and (with `checksum`) the sha256 of the whole file.

@@ -28,9 +28,8 @@
 // host's disk. Uploads idle for `ttlMs` (24 h by default) expire: `sweep()` (run at start and
 // hourly by `start(signal)`, and for an owner on each open) removes them with their staging.
 import { createHash, randomBytes, type Hash } from 'node:crypto';
-import { createReadStream, promises as fsp, statfsSync } from 'node:fs';
+import { constants as fsConstants, promises as fsp, statfsSync } from 'node:fs';
 import { join } from 'node:path';
-import type { Readable } from 'node:stream';
 import { EventEmitter } from 'node:events';
 import { crc32 } from 'node:zlib';
 import { chunkRecord, offsetRecord, recoverProgress } from './upload-log.js';
@@ -445,14 +444,14 @@ export class UploadStore {
    * checked (the one given here, `sha256`, else the one the upload was opened with; a client
    * that hashes while it sends names it here): a mismatch fails the upload, frees its staging
    * and writes nothing (409). Two different checksums (here and at open) are 422 naming
-   * `sha256`, and change nothing. Then `write` streams the staged bytes into place. Completing
+   * `sha256`, and change nothing. Then `write` gets the staged file, open, and puts it into place. Completing
    * a completed upload returns its record again and writes nothing. A failed `write` leaves the
    * upload open to retry.
    */
   async complete(
     owner: string,
     id: string,
-    write: (data: Readable, rec: UploadRecord) => Promise<void>,
+    write: (data: { readonly fd: number }, rec: UploadRecord) => Promise<void>,
     sha256?: string,
   ): Promise<UploadRecord> {
     return this.hold(owner, id, async () => {
@@ -484,10 +483,16 @@ export class UploadStore {
         await this.finish(owner, id, { ...rec, ...(want ? { sha256: want } : {}), state: 'Failed', message });
         throw errors.conflict('uploads', 'fluxvm.dev', id, message);
       }
-      await write(
-        createReadStream(join(dir, 'data'), { start: 0, end: Math.max(0, rec.size - 1), highWaterMark: 1 << 20 }),
-        rec,
-      );
+      // The staged file itself, open: the runtime hands it to its writer (procbox's file-in
+      // helper), so a GiB never passes through the event loop. Bytes past the size (a write
+      // cut by a crash) are dropped first.
+      const staged = await fsp.open(join(dir, 'data'), fsConstants.O_RDONLY | fsConstants.O_NOFOLLOW);
+      try {
+        if ((await staged.stat()).size > rec.size) await fsp.truncate(join(dir, 'data'), rec.size);
+        await write({ fd: staged.fd }, rec);
+      } finally {
+        await staged.close();
+      }
       const at = new Date(this.now()).toISOString();
       const done: UploadRecord = {
         ...rec,

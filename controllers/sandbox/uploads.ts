@@ -200,17 +200,12 @@ async function serve(
     const rec = await d.uploads.complete(
       t.owner,
       id,
-      async (data, u) => {
-        try {
-          await d.runtime.writeFileStream!(t.id, u.path, data, {
-            size: u.size,
-            mkdirs: u.parents,
-            ...(u.mode !== undefined ? { mode: u.mode } : {}),
-          });
-        } finally {
-          data.destroy();
-        }
-      },
+      (data, u) =>
+        d.runtime.writeFileStream!(t.id, u.path, data, {
+          size: u.size,
+          mkdirs: u.parents,
+          ...(u.mode !== undefined ? { mode: u.mode } : {}),
+        }),
       sha256,
     );
     await hooks.completed?.(t, rec, before.state !== 'Complete');

@@ -47,4 +47,7 @@ int unhex(const char *h, char *out, size_t cap);
 
 // fileops-untar.c
 int tar_in(int argc, char **argv);
+
+// fileops-filein.c
+int file_in(int argc, char **argv);
 #endif

@@ -41,6 +41,14 @@
 //   so a refused archive changes nothing. Modes are kept without setuid/setgid, mtimes kept,
 //   every entry owned by OWNER. syncfs before the summary line
 //   ("entries N files N dirs N symlinks N bytes N") is written on stdout.
+// file-in ROOT VIEW RELHEX NAMEHEX OWNER SIZE MODE MTIME (fileops-filein.c)
+//   copies exactly SIZE bytes of stdin (an upload's staged file, handed over open: the kernel
+//   copies it where the two file systems allow, else it is read and written here; or a pipe)
+//   into the file NAME (one name, never a path) of the directory at REL (resolved and made as
+//   tar-in's target is), under a temporary name there, owned by OWNER with MODE (no setuid or
+//   setgid) and MTIME, renamed over NAME only once every byte arrived: a symlink at NAME is
+//   replaced, not followed; a directory there is refused (EISDIR); a stdin that ends short or
+//   runs long is refused (EINVAL) and nothing at NAME changes. syncfs, then tar-in's summary line.
 // Errors: exit 1 with "E<errno> <message>" as the last line on stderr.
 
 int tar_fail_exit(void) {

@@ -523,6 +523,7 @@ int cmd_fileops(int argc, char **argv) {
   // One-shot streaming modes (one process per archive), else the request server.
   if (argc >= 1 && !strcmp(argv[0], "tar-out")) return tar_out(argc - 1, argv + 1);
   if (argc >= 1 && !strcmp(argv[0], "tar-in")) return tar_in(argc - 1, argv + 1);
+  if (argc >= 1 && !strcmp(argv[0], "file-in")) return file_in(argc - 1, argv + 1);
   signal(SIGPIPE, SIG_IGN);
   // A 1 MiB answer in one pipe write: the driver wakes up once, not once per 64 KiB.
   fcntl(1, F_SETPIPE_SZ, 1 << 20);

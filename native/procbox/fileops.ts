@@ -407,6 +407,56 @@ export class FileOps {
     });
   }
 
+  /**
+   * Writes exactly `opts.size` bytes read from the open file `fd` (from its offset; the caller
+   * closes it) as the file `name` of the directory at `rel` (created when missing), through a
+   * helper process of its own (fileops-filein.c file-in) that is handed `fd` as its stdin: the
+   * bytes never pass through this process, and the kernel copies them where the two file systems
+   * allow. Staged under a temporary name in the directory and renamed over `name` only once every
+   * byte arrived (a symlink there is replaced, a directory refused: FileOpError EISDIR); fewer or
+   * more bytes than `size`: FileOpError EINVAL, nothing at `name` changes. Synced before this resolves.
+   */
+  fileIn(
+    a: Anchor,
+    rel: Buffer,
+    name: Buffer,
+    fd: number,
+    opts: { owner: number; size: number; mode: number; mtime: Date },
+  ): Promise<TarSummary> {
+    const args = [
+      'fileops',
+      'file-in',
+      a.root,
+      a.view,
+      rel.toString('hex'),
+      name.toString('hex'),
+      String(opts.owner),
+      String(opts.size),
+      String(opts.mode & 0o7777),
+      String(Math.floor(opts.mtime.getTime() / 1000)),
+    ];
+    const child = spawn(this.helper, args, { stdio: [fd, 'pipe', 'pipe'] });
+    let err = '';
+    let out = '';
+    child.stderr!.on('data', (b: Buffer) => (err = (err + b.toString()).slice(-2000)));
+    child.stdout!.on('data', (b: Buffer) => (out += b.toString()));
+    return new Promise<TarSummary>((resolve, reject) => {
+      child.on('error', reject);
+      child.on('close', (code, sig) => {
+        const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
+        if (code === 0 && m)
+          return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
+        reject(
+          oneShotError(err) ??
+            new RuntimeError(
+              'Internal',
+              `procbox fileops file-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`,
+            ),
+        );
+      });
+    });
+  }
+
   /** Ends the helpers; a call afterwards starts new ones. Safe to call twice. */
   close(): void {
     for (const s of this.servers.splice(0)) s.close();

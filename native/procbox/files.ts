@@ -12,7 +12,14 @@ import { createHash } from 'node:crypto';
 import { closeSync, fstatSync, promises as fsp } from 'node:fs';
 import { Readable, Transform } from 'node:stream';
 import { Header, Pax } from 'tar';
-import { RuntimeError, type FileEntry, type FileRange, type TarSummary, type WriteFileOptions } from '../runtime.js';
+import {
+  RuntimeError,
+  type FileEntry,
+  type FileRange,
+  type StreamSource,
+  type TarSummary,
+  type WriteFileOptions,
+} from '../runtime.js';
 import { compareUtf8, decodePath, isUnder, normalizeSandboxPath, validateSandboxPath } from '../workspace/paths.js';
 import { fileOpError, toFileEntry, type Anchor, type FileOps } from './fileops.js';
 
@@ -110,8 +117,10 @@ export class WorkspaceFiles {
    * once every byte arrived, so nothing half-written is ever at `path`. The parent is resolved
    * as every file operation is (fd-anchored, never out of the workspace); a symlink at `path`
    * is replaced, not followed. Fewer or more bytes than `size`: InvalidArgument, nothing written.
+   * An open file (`{fd}`) is handed to the helper's file-in as its stdin instead: the same
+   * staging and rename, and its bytes never pass through this process.
    */
-  async writeStream(path: string, data: Readable, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeStream(path: string, data: StreamSource, opts: WriteFileOptions & { size: number }): Promise<void> {
     const { p } = this.rel(path);
     if (p === this.ws) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
     const parent = p.slice(0, p.lastIndexOf('/')) || '/';
@@ -126,6 +135,20 @@ export class WorkspaceFiles {
       (await this.stat(p)
         .then((st) => (st.type === 'file' ? st.mode : 0o644))
         .catch(() => 0o644));
+    if (!(data instanceof Readable)) {
+      const at = this.rel(parent);
+      await this.ops
+        .fileIn(at.anchor, at.rel, decodePath(name), data.fd, {
+          owner: this.uid,
+          size: opts.size,
+          mode,
+          mtime: new Date(),
+        })
+        .catch((e: unknown) => {
+          throw fileOpError(e, path);
+        });
+      return;
+    }
     const head = new Header({
       path: name,
       type: 'File',

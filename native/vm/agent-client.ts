@@ -2,6 +2,7 @@
 // (agent-channel.ts: frames, requests matched to replies by id, commands) with the file, manifest
 // and guest setup requests, every field of every reply checked.
 import { createHash } from 'node:crypto';
+import { read } from 'node:fs';
 import { posix } from 'node:path';
 import { RuntimeError, type FileEntry, type FileRange, type WriteFileOptions } from '../runtime.js';
 import { DEFAULT_MANIFEST_LIMITS, type Manifest, type ManifestLimits } from '../workspace/types.js';
@@ -136,12 +137,14 @@ export class AgentClient extends AgentChannel {
    * chunked write (a partial file next to the destination, renamed over it by the last chunk):
    * at most one chunk (4 MiB) is held here. A stream that ends short or runs long never sends
    * the last chunk, so nothing is renamed into place (InvalidArgument); the partial file is removed.
+   * An open file (`{fd}`: an upload's staged file) is read from its offset here and left open.
    */
   async writeFileStream(
     path: string,
-    data: AsyncIterable<Buffer>,
+    source: AsyncIterable<Buffer> | { readonly fd: number },
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
+    const data = Symbol.asyncIterator in source ? source : readFrom(source.fd);
     const p = checkPath(path);
     if (p === '/') throw new RuntimeError('InvalidPath', 'cannot write /');
     const base = { path: p, mkdirs: opts.mkdirs ?? false, ...(opts.mode !== undefined ? { mode: opts.mode } : {}) };
@@ -331,5 +334,17 @@ export class AgentClient extends AgentChannel {
     if (opts.hostname !== undefined) args.hostname = opts.hostname;
     if (opts.machineId !== undefined) args.machineId = opts.machineId;
     await this.call('identity', args, opts.seed);
+  }
+}
+
+/** The bytes of the open file `fd` from its offset to its end, in 1 MiB reads (the fd is left open). */
+async function* readFrom(fd: number): AsyncGenerator<Buffer> {
+  for (;;) {
+    const b = Buffer.allocUnsafe(1 << 20);
+    const n = await new Promise<number>((resolve, reject) =>
+      read(fd, b, 0, b.length, null, (e, got) => (e ? reject(e) : resolve(got))),
+    );
+    if (n === 0) return;
+    yield b.subarray(0, n);
   }
 }

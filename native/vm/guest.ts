@@ -13,6 +13,7 @@ import {
   type ResolvedExecutables,
   type TarSummary,
   type WriteFileOptions,
+  type StreamSource,
 } from '../runtime.js';
 import type { Manifest, ManifestLimits } from '../workspace/types.js';
 import type { WatchProcess, WatchRequest } from '../watch.js';
@@ -124,7 +125,7 @@ export abstract class VmGuest extends VmHost {
   async writeFileStream(
     id: string,
     path: string,
-    data: Readable,
+    data: StreamSource,
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
     return (await this.agentFor(id)).writeFileStream(path, data, opts);

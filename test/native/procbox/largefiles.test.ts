@@ -1,11 +1,13 @@
 // Large files on procbox: the streaming write (writeFileStream: a one-entry archive through the
-// helper's fd-anchored tar-in, renamed into place only once every byte arrived) and ranged reads
+// helper's fd-anchored tar-in, renamed into place only once every byte arrived; an open file,
+// as an upload's staged file is, handed to the helper's file-in instead) and ranged reads
 // (readRange: one open file for bytes, size, mtime, validator and checksum). The attack next to
 // the feature: symlinks the sandbox plants at the destination or in its parent never redirect
 // the write to the host, and a short or long stream leaves nothing at the path.
 import { expect } from 'chai';
+import { spawn, spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -76,6 +78,97 @@ describe('procbox large files: streaming write and ranged reads', function () {
     expect(c.size).to.equal(size + 2);
   });
 
+  it('an open file is copied in by the helper: the bytes, mode without setuid, atomically', async () => {
+    const size = 48 << 20;
+    const src = join(victim, '..', `largefiles-src-${process.pid}`);
+    const want = createHash('sha256');
+    {
+      const fd = openSync(src, 'w');
+      for await (const c of bytes(size)) (writeFileSync(fd, c as Buffer), want.update(c as Buffer));
+      closeSync(fd);
+    }
+    const fd = openSync(src, 'r');
+    try {
+      await fx.rt.writeFileStream(id, '/work/fd/deep/big.bin', { fd }, { size, mode: 0o4750, mkdirs: true });
+      const r = await sh(
+        fx.rt,
+        id,
+        `stat -c '%s %a %u' /work/fd/deep/big.bin && sha256sum /work/fd/deep/big.bin && ls -A /work/fd/deep`,
+      );
+      expect(r.code, r.err).to.equal(0);
+      expect(r.out).to.equal(`${size} 750 0\n${want.digest('hex')}  /work/fd/deep/big.bin\nbig.bin\n`);
+    } finally {
+      closeSync(fd);
+      rmSync(src, { force: true });
+    }
+  });
+
+  it('an open file shorter or longer than announced, or a directory at the path: nothing changes', async () => {
+    expect((await sh(fx.rt, id, 'mkdir -p /work/fs/d && echo old > /work/fs/f')).code).to.equal(0);
+    const src = join(victim, '..', `largefiles-short-${process.pid}`);
+    writeFileSync(src, Buffer.alloc(1000, 7));
+    const fd = openSync(src, 'r');
+    const at = (n: number) => ({ fd: openSync(`/proc/self/fd/${fd}`, 'r'), n });
+    try {
+      for (const [size, code] of [
+        [1001, 'InvalidArgument'],
+        [999, 'InvalidArgument'],
+      ] as const) {
+        const f = at(size);
+        try {
+          expect((await rejects(fx.rt.writeFileStream(id, '/work/fs/f', { fd: f.fd }, { size }))).code).to.equal(code);
+        } finally {
+          closeSync(f.fd);
+        }
+      }
+      const f = at(1000);
+      try {
+        expect((await rejects(fx.rt.writeFileStream(id, '/work/fs/d', { fd: f.fd }, { size: 1000 }))).code).to.equal(
+          'IsADirectory',
+        );
+      } finally {
+        closeSync(f.fd);
+      }
+      const r = await sh(fx.rt, id, 'cat /work/fs/f; ls -A /work/fs /work/fs/d');
+      expect(r.out).to.equal('old\n/work/fs:\nd\nf\n\n/work/fs/d:\n');
+    } finally {
+      closeSync(fd);
+      rmSync(src, { force: true });
+    }
+  });
+
+  it('a pipe handed over as the open file: read and written by the helper, its length checked', async () => {
+    const fifo = join(victim, '..', `largefiles-fifo-${process.pid}`);
+    const src = `${fifo}.src`;
+    const body = Buffer.alloc(3 * 1024 * 1024 + 7);
+    for (let i = 0; i + 4 <= body.length; i += 1000) body.writeUInt32LE(i, i);
+    writeFileSync(src, body);
+    expect(spawnSync('mkfifo', [fifo]).status).to.equal(0);
+    try {
+      for (const [size, ok] of [
+        [body.length, true],
+        [body.length - 1, false],
+      ] as const) {
+        const writer = spawn('sh', ['-c', `cat "$0" > "$1"`, src, fifo], { stdio: 'ignore' });
+        const closed = new Promise((r) => writer.once('close', r));
+        const fd = openSync(fifo, 'r'); // returns once the writer opened its end
+        try {
+          const p = fx.rt.writeFileStream(id, '/work/fifo.bin', { fd }, { size });
+          if (ok) await p;
+          else expect((await rejects(p)).code).to.equal('InvalidArgument');
+        } finally {
+          closeSync(fd);
+          await closed;
+        }
+      }
+      const r = await sh(fx.rt, id, 'sha256sum < /work/fifo.bin');
+      expect(r.out.split(' ')[0]).to.equal(createHash('sha256').update(body).digest('hex'));
+    } finally {
+      rmSync(fifo, { force: true });
+      rmSync(src, { force: true });
+    }
+  });
+
   it('a small file: whole from the helper, validator from its content', async () => {
     expect((await sh(fx.rt, id, 'printf hello > /work/small.txt')).code).to.equal(0);
     const a = await fx.rt.readRange(id, '/work/small.txt', 1, 3, { checksum: true });
@@ -119,6 +212,28 @@ describe('procbox large files: streaming write and ranged reads', function () {
     expect(existsSync(join(victim, 'owned'))).to.equal(false);
     const r = await sh(fx.rt, id, 'stat -c %F /work/atk/dest');
     expect(r.out.trim()).to.equal('regular file');
+    // The same through the helper's file-in (an open file, as an upload's staged file is).
+    const src = join(victim, '..', `largefiles-atk-${process.pid}`);
+    writeFileSync(src, 'attack!!!!');
+    const fds = [0, 1, 2].map(() => openSync(src, 'r'));
+    try {
+      expect(
+        (await rejects(fx.rt.writeFileStream(id, '/work/atk/dirlink/y', { fd: fds[0]! }, { size: 10 }))).code,
+      ).to.equal('InvalidPath');
+      expect(
+        (await rejects(fx.rt.writeFileStream(id, '/work/atk/uplink/y', { fd: fds[1]! }, { size: 10, mkdirs: true })))
+          .code,
+      ).to.equal('InvalidPath');
+      expect((await sh(fx.rt, id, `ln -sfn ${victim}/owned2 /work/atk/dest2`)).code).to.equal(0);
+      await fx.rt.writeFileStream(id, '/work/atk/dest2', { fd: fds[2]! }, { size: 10 });
+    } finally {
+      fds.forEach((f) => closeSync(f));
+      rmSync(src, { force: true });
+    }
+    expect(readdirSync(victim)).to.deep.equal([]);
+    expect((await sh(fx.rt, id, 'stat -c %F /work/atk/dest2; cat /work/atk/dest2')).out).to.equal(
+      'regular file\nattack!!!!',
+    );
     // Reads do not follow them out either.
     expect((await rejects(fx.rt.readRange(id, '/work/atk/dirlink/x', 0, 1))).code).to.equal('InvalidPath');
   });

@@ -1,11 +1,23 @@
 // Large files on the vm backend's side: AgentClient.writeFileStream (the agent's chunked write
-// to a partial file renamed by the last chunk; one 4 MiB chunk held on the host) and readRange,
+// to a partial file renamed by the last chunk; one 4 MiB chunk held on the host; from a stream
+// or from an open file, as an upload's staged file is handed over) and readRange,
 // against the real guest agent run as a host process (--stdio). Nothing is at the path until the
 // last byte; a stream shorter or longer than announced leaves nothing at the path and no partial.
 import { expect } from 'chai';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  existsSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  readSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
@@ -77,6 +89,27 @@ describe('native/vm large files (guest agent as a host process): streaming write
     expect(b.etag).to.equal(a.etag);
     writeFileSync(file, 'changed');
     expect((await client.readRange(file, 0, 10)).etag).to.not.equal(a.etag);
+  });
+
+  it('an open file is read from its offset to its end and left open', async () => {
+    const src = join(dir, 'staged.bin');
+    const body = Buffer.alloc(9 * MiB + 3);
+    for (let i = 0; i + 4 <= body.length; i += 4096) body.writeUInt32LE(i, i);
+    writeFileSync(src, Buffer.concat([Buffer.from('skip'), body]));
+    const fd = openSync(src, 'r');
+    try {
+      readSync(fd, Buffer.alloc(4), 0, 4, null); // the offset now past "skip"
+      const file = join(dir, 'from-fd.bin');
+      await client.writeFileStream(file, { fd }, { size: body.length });
+      expect(readFileSync(file).equals(body)).to.equal(true);
+      expect(readSync(fd, Buffer.alloc(1), 0, 1, 0)).to.equal(1); // still open
+      // Shorter than announced (the offset is at its end now): nothing written.
+      const e = await client.writeFileStream(join(dir, 'none.bin'), { fd }, { size: 10 }).catch((x: unknown) => x);
+      expect((e as RuntimeError).code).to.equal('InvalidArgument');
+      expect(existsSync(join(dir, 'none.bin'))).to.equal(false);
+    } finally {
+      closeSync(fd);
+    }
   });
 
   it('a stream shorter or longer than announced writes nothing at the path and leaves no partial file', async () => {
