@@ -1,7 +1,8 @@
 // The large files' performance target: a 1 GiB upload into an AgentSession in 4 MiB chunks over
 // HTTPS (open, 256 chunks each acknowledged once its bytes and record are written on the host,
 // fdatasync'ed every 64 MiB; complete: checksum verified, the staged file handed to the
-// fd-anchored file-in helper, which copies it in and renames it into place) within 1.5x of `curl` PUTting the same file to a sink on the same host
+// fd-anchored file-in helper, which copies it in and renames it into place) within 1.5x of
+// `curl` PUTting the same file to a sink on the same host
 // (a Node HTTPS server that reads and drops the body, with a certificate of serve's state CA),
 // beside the floor any upload has: dd writing the same size durably into the workspace, inside the sandbox.
 //   npx tsx bench/upload.ts [--mib 1024] [--runs 3] [--window 1[,2...]] [--baseline DIR] [--cpu-prof FILE]
