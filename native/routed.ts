@@ -24,7 +24,7 @@ import {
   type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
-  type StreamSource,
+  type FileData,
 } from './runtime.js';
 
 export abstract class RoutedRuntime {
@@ -184,7 +184,7 @@ export abstract class RoutedRuntime {
   async writeFileStream(
     id: string,
     path: string,
-    data: StreamSource,
+    data: FileData,
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
     const rt = await this.route(id);

@@ -376,11 +376,7 @@ export interface FileEntry {
   linkTarget?: string;
 }
 
-/**
- * What writeFileStream reads: a stream, or an open regular file read from its current offset
- * (the caller keeps it open until the write settles, then closes it).
- */
-export type StreamSource = Readable | { readonly fd: number };
+export type FileData = Readable | { readonly fd: number }; // writeFileStream's bytes: a stream or an open file
 
 export interface WriteFileOptions {
   mode?: number;
@@ -500,20 +496,13 @@ export interface Runtime extends Partial<JobRuntime> {
   readFile(id: string, path: string, opts?: { maxBytes?: number }): Promise<Buffer>;
   writeFile(id: string, path: string, data: Buffer, opts?: WriteFileOptions): Promise<void>;
   /**
-   * Optional: replaces the regular file at `path` with exactly `opts.size` bytes read from
-   * `data` (streamed with backpressure, never whole in memory), atomically: the bytes go to a
-   * temporary name next to the destination and are renamed over it only once all arrived, so
-   * the path holds the old file or the whole new one. Fewer or more bytes than `size` fail
-   * (InvalidArgument) and write nothing at the path. The caller drains or destroys `data`
-   * when this throws. `data` may be an open file instead (an upload's staged file): a backend
-   * that can hands it to its writer as it is, so its bytes never pass through this process.
+   * Optional: replaces the regular file at `path` with exactly `opts.size` bytes of `data` (a stream read with
+   * backpressure, never whole in memory; or an open file read from its offset, which a backend may hand to its writer
+   * so the bytes never pass through this process), atomically: they go to a temporary name next to the destination,
+   * renamed over it only once all arrived. Fewer or more bytes than `size` fail (InvalidArgument) and write nothing at
+   * the path. The caller drains or destroys a stream, and closes a file, once this settles.
    */
-  writeFileStream?(
-    id: string,
-    path: string,
-    data: StreamSource,
-    opts: WriteFileOptions & { size: number },
-  ): Promise<void>;
+  writeFileStream?(id: string, path: string, data: FileData, opts: WriteFileOptions & { size: number }): Promise<void>;
   /**
    * Optional: up to `length` bytes of the regular file at `path` from `offset`, with its size,
    * mtime, a content-version validator and (with `checksum`) the sha256 of the whole file.

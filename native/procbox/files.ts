@@ -16,7 +16,7 @@ import {
   RuntimeError,
   type FileEntry,
   type FileRange,
-  type StreamSource,
+  type FileData,
   type TarSummary,
   type WriteFileOptions,
 } from '../runtime.js';
@@ -120,7 +120,7 @@ export class WorkspaceFiles {
    * An open file (`{fd}`) is handed to the helper's file-in as its stdin instead: the same
    * staging and rename, and its bytes never pass through this process.
    */
-  async writeStream(path: string, data: StreamSource, opts: WriteFileOptions & { size: number }): Promise<void> {
+  async writeStream(path: string, data: FileData, opts: WriteFileOptions & { size: number }): Promise<void> {
     const { p } = this.rel(path);
     if (p === this.ws) throw new RuntimeError('IsADirectory', `is a directory: ${path}`);
     const parent = p.slice(0, p.lastIndexOf('/')) || '/';

@@ -36,7 +36,7 @@ import {
   type TarSummary,
   type WorkspaceMark,
   type WriteFileOptions,
-  type StreamSource,
+  type FileData,
 } from '../runtime.js';
 import type { Diff, Manifest, ManifestLimits } from '../workspace/types.js';
 import { isUnder, normalizeSandboxPath, validateSandboxPath, validateSandboxPaths } from '../workspace/paths.js';
@@ -427,7 +427,7 @@ export class ProcboxRuntime implements Runtime {
   async writeFileStream(
     id: string,
     path: string,
-    data: StreamSource,
+    data: FileData,
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
     await (await this.files(id)).writeStream(path, data, opts);

@@ -13,7 +13,7 @@ import {
   type ResolvedExecutables,
   type TarSummary,
   type WriteFileOptions,
-  type StreamSource,
+  type FileData,
 } from '../runtime.js';
 import type { Manifest, ManifestLimits } from '../workspace/types.js';
 import type { WatchProcess, WatchRequest } from '../watch.js';
@@ -125,7 +125,7 @@ export abstract class VmGuest extends VmHost {
   async writeFileStream(
     id: string,
     path: string,
-    data: StreamSource,
+    data: FileData,
     opts: WriteFileOptions & { size: number },
   ): Promise<void> {
     return (await this.agentFor(id)).writeFileStream(path, data, opts);
