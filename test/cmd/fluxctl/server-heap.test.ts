@@ -105,8 +105,9 @@ describe('fluxctl servers: the V8 heap growing factor', function () {
     expect(fixed, `full GCs with a fixed 25%: ${fixed}`).to.be.at.least(10);
     for (const argv of [['serve'], ['controller'], ['node-agent', '--node-name', 'n1']]) {
       const gcs = run(argv, [], 'io');
+      // A third at most: 2-3 against 16-21 on a quiet host, 5 against 20 beside the whole suite.
       expect(gcs, `${argv[0]}: ${gcs} full GCs while 2 GiB of Buffers passed, ${fixed} with a fixed 25%`).to.be.at.most(
-        3,
+        fixed / 3,
       );
     }
   });
