@@ -393,16 +393,9 @@ export class FileOps {
         input.unpipe(child.stdin);
         input.off('error', onInputError);
         input.off('close', onInputError);
-        const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
-        if (code === 0 && m)
-          return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
-        reject(
-          oneShotError(err) ??
-            new RuntimeError(
-              'Internal',
-              `procbox fileops tar-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`,
-            ),
-        );
+        const r = writerResult('tar-in', code, sig, out, err);
+        if (r instanceof Error) reject(r);
+        else resolve(r);
       });
     });
   }
@@ -443,16 +436,9 @@ export class FileOps {
     return new Promise<TarSummary>((resolve, reject) => {
       child.on('error', reject);
       child.on('close', (code, sig) => {
-        const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
-        if (code === 0 && m)
-          return resolve({ entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! });
-        reject(
-          oneShotError(err) ??
-            new RuntimeError(
-              'Internal',
-              `procbox fileops file-in exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`,
-            ),
-        );
+        const r = writerResult('file-in', code, sig, out, err);
+        if (r instanceof Error) reject(r);
+        else resolve(r);
       });
     });
   }
@@ -462,6 +448,22 @@ export class FileOps {
     for (const s of this.servers.splice(0)) s.close();
     for (const p of this.queue.splice(0)) p.reject(new RuntimeError('Internal', 'procbox fileops closed'));
   }
+}
+
+/** A one-shot writer's (tar-in, file-in) summary line as a TarSummary, or the error its exit means. */
+function writerResult(
+  mode: string,
+  code: number | null,
+  sig: NodeJS.Signals | null,
+  out: string,
+  err: string,
+): TarSummary | Error {
+  const m = /^entries (\d+) files (\d+) dirs (\d+) symlinks (\d+) bytes (\d+)/.exec(out);
+  if (code === 0 && m) return { entries: +m[1]!, files: +m[2]!, dirs: +m[3]!, symlinks: +m[4]!, bytes: +m[5]! };
+  return (
+    oneShotError(err) ??
+    new RuntimeError('Internal', `procbox fileops ${mode} exited (${sig ?? code})${err ? `: ${err.trim()}` : ''}`)
+  );
 }
 
 /**
