@@ -21,12 +21,12 @@ import v8 from 'node:v8';
 
 const SERVER_HEAP_GROWING_PERCENT = 25;
 /** The least the old generation may grow past its live size before the next full GC starts. */
-export const HEAP_HEADROOM = 40 * 2 ** 20;
+const HEAP_HEADROOM = 40 * 2 ** 20;
 /** At most this: the percent set after one full GC applies to the live size at the next, which may have grown. */
 const MAX_PERCENT = 150;
 
 /** The growing percent for `live` bytes after a full GC: 25, or more to leave HEAP_HEADROOM. */
-export function growingPercent(live: number): number {
+function growingPercent(live: number): number {
   const want = Math.ceil((HEAP_HEADROOM / Math.max(live, 1)) * 100);
   return Math.min(MAX_PERCENT, Math.max(SERVER_HEAP_GROWING_PERCENT, want));
 }
