@@ -104,20 +104,11 @@ int file_in(int argc, char **argv) {
     return tar_fail_exit();
   int created = 0, tparent = -1;
   char tname[256] = "";
-  if (r.fd < 0) {
-    if (mkdirat(r.parent, r.name, 0755) < 0) { fo_fail(errno, "mkdir %.200s", r.name); return tar_fail_exit(); }
-    r.fd = fo_openat2(r.parent, r.name, O_PATH | O_NOFOLLOW);
-    if (r.fd < 0 || fstat(r.fd, &r.st) < 0) { fo_fail(errno, "open %.200s", r.name); return tar_fail_exit(); }
-    created = 1;
+  int D = open_target_dir(&r, (uid_t)owner, &created);
+  if (D < 0) { fo_res_close(&r); return tar_fail_exit(); }
+  if (created) {
     tparent = dup(r.parent);
     snprintf(tname, sizeof tname, "%s", r.name);
-  }
-  if (!S_ISDIR(r.st.st_mode)) { fo_res_close(&r); fo_fail(ENOTDIR, "not a directory"); return tar_fail_exit(); }
-  int D = reopen(r.fd, O_RDONLY | O_DIRECTORY);
-  if (D < 0) { fo_fail(errno, "open directory"); return tar_fail_exit(); }
-  if (created && (fchown(D, (uid_t)owner, (gid_t)owner) < 0 || fchmod(D, 0755) < 0)) {
-    fo_fail(errno, "chown directory");
-    return tar_fail_exit();
   }
   fo_res_close(&r);
   struct stat cur;

@@ -23,6 +23,8 @@ char type_of(const struct stat *st);
 int put_entry(struct buf *b, const struct stat *st, const char *name, int dfd, const char *lname);
 int open_root(const char *path);
 int reopen(int pathfd, int flags);
+struct fo_resolved;
+int open_target_dir(struct fo_resolved *r, uid_t owner, int *created);
 int rm_contents(int top);
 int write_full(int fd, const void *p, size_t n);
 int have_openat2(void);

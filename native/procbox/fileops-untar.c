@@ -294,16 +294,8 @@ int tar_in(int argc, char **argv) {
   int created = 0;
   char tname[256] = "";
   int tparent = -1;
-  if (r.fd < 0) {
-    if (mkdirat(r.parent, r.name, 0755) < 0) { fo_fail(errno, "mkdir target"); return tar_fail_exit(); }
-    r.fd = fo_openat2(r.parent, r.name, O_PATH | O_NOFOLLOW);
-    if (r.fd < 0 || fstat(r.fd, &r.st) < 0) { fo_fail(errno, "open target"); return tar_fail_exit(); }
-    created = 1;
-  }
-  if (!S_ISDIR(r.st.st_mode)) { fo_res_close(&r); fo_fail(ENOTDIR, "the target is not a directory"); return tar_fail_exit(); }
-  int T = reopen(r.fd, O_RDONLY | O_DIRECTORY);
-  if (T < 0) { fo_fail(errno, "open target"); return tar_fail_exit(); }
-  if (created && (fchown(T, x.owner, x.owner) < 0 || fchmod(T, 0755) < 0)) { fo_fail(errno, "chown target"); return tar_fail_exit(); }
+  int T = open_target_dir(&r, x.owner, &created);
+  if (T < 0) { fo_res_close(&r); return tar_fail_exit(); }
   snprintf(tname, sizeof tname, "%s", r.name);
   tparent = r.parent >= 0 ? dup(r.parent) : -1;
   x.target = T;

@@ -107,6 +107,29 @@ int reopen(int pathfd, int flags) {
   return open(p, flags | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
 }
 
+// The directory a resolution with R_MKDIRS ended at, opened O_RDONLY|O_DIRECTORY: made (0755,
+// owned by `owner`; *created = 1) when the resolution found nothing there. One the sandbox made
+// meanwhile (EEXIST) is opened instead, and checked like any other: a symlink or a file there is
+// ENOTDIR. The target of tar-in and file-in. The fd, or -errno with fo_msg set.
+int open_target_dir(struct fo_resolved *r, uid_t owner, int *created) {
+  *created = 0;
+  if (r->fd < 0) {
+    if (mkdirat(r->parent, r->name, 0755) == 0) *created = 1;
+    else if (errno != EEXIST) return fo_fail(errno, "mkdir %.200s", r->name);
+    r->fd = fo_openat2(r->parent, r->name, O_PATH | O_NOFOLLOW);
+    if (r->fd < 0 || fstat(r->fd, &r->st) < 0) return fo_fail(errno, "open %.200s", r->name);
+  }
+  if (!S_ISDIR(r->st.st_mode)) return fo_fail(ENOTDIR, "not a directory: %.200s", r->name);
+  int d = reopen(r->fd, O_RDONLY | O_DIRECTORY);
+  if (d < 0) return fo_fail(errno, "open %.200s", r->name);
+  if (*created && (fchown(d, owner, owner) < 0 || fchmod(d, 0755) < 0)) {
+    int e = errno;
+    close(d);
+    return fo_fail(e, "chown %.200s", r->name);
+  }
+  return d;
+}
+
 // ---- ops ----
 static int op_stat(int root, const struct fo_args *a, struct buf *out) {
   struct fo_resolved r;

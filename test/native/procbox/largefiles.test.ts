@@ -11,6 +11,7 @@ import { closeSync, existsSync, mkdtempSync, openSync, readdirSync, rmSync, writ
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
+import { RuntimeError } from '../../../native/runtime.js';
 import { skipWith } from '../../skip.js';
 import { makeRuntime, rejects, sh, skipReason, type Fixture } from './fixture.js';
 
@@ -167,6 +168,49 @@ describe('procbox large files: streaming write and ranged reads', function () {
       rmSync(fifo, { force: true });
       rmSync(src, { force: true });
     }
+  });
+
+  it('a race: the sandbox swaps the parent and the name for symlinks out and directories while file-in writes', async () => {
+    const src = join(victim, '..', `largefiles-race-${process.pid}`);
+    writeFileSync(src, Buffer.alloc(64 * 1024, 5));
+    expect((await sh(fx.rt, id, 'mkdir -p /work/race/p && rm -f /work/race/stop')).code).to.equal(0);
+    // Until the test says stop: p flips between a directory and a symlink to the host's victim
+    // directory, and p/f between a symlink into it and a directory.
+    const flipping = sh(
+      fx.rt,
+      id,
+      `cd /work/race; n=0; while [ ! -e stop ]; do
+         rm -rf p; ln -s ${victim} p; rm -f p; mkdir p; ln -s ${victim}/owned p/f; rm -f p/f; mkdir p/f; rmdir p/f
+         n=$((n+1)); done; echo $n`,
+      120_000,
+    );
+    const outcomes = new Set<string>();
+    try {
+      for (let i = 0; i < 40; i++) {
+        const fd = openSync(src, 'r');
+        try {
+          await fx.rt.writeFileStream(id, '/work/race/p/f', { fd }, { size: 64 * 1024, mkdirs: true });
+          outcomes.add('written');
+        } catch (e) {
+          expect(e).to.be.instanceOf(RuntimeError);
+          outcomes.add((e as RuntimeError).code);
+        } finally {
+          closeSync(fd);
+        }
+      }
+    } finally {
+      await sh(fx.rt, id, 'touch /work/race/stop');
+      rmSync(src, { force: true });
+    }
+    const flips = await flipping;
+    expect(flips.code, flips.err).to.equal(0);
+    expect(Number(flips.out.trim()), 'the loop ran while the writes did').to.be.above(0);
+    // Whatever each write met, nothing reached the host, and every failure was a refusal.
+    expect(readdirSync(victim)).to.deep.equal([]);
+    expect(
+      [...outcomes].every((o) => ['written', 'InvalidPath', 'IsADirectory', 'NotADirectory', 'NotFound'].includes(o)),
+      [...outcomes].join(', '),
+    ).to.equal(true);
   });
 
   it('a small file: whole from the helper, validator from its content', async () => {
