@@ -395,13 +395,17 @@ export class EgressProxy {
   }
 
   private guard(address: string, port: number): string | undefined {
-    // Never a connection back into the proxy itself, whatever CIDRs the operator allows.
+    // Never a connection back into the proxy itself, whatever CIDRs the operator allows: its
+    // address and the links' gateway addresses; listening on a wildcard, every loopback and host
+    // address too. Only those: with the proxy on 127.0.0.1, 127.0.0.2 at the same port is another
+    // server (an allowed upstream was refused when its port happened to equal the proxy's).
+    const host = this.opts.host ?? '127.0.0.1';
+    const wildcard = host === '0.0.0.0' || host === '::';
     if (
       port === this.listenPort &&
-      (address.startsWith('127.') ||
-        address === this.opts.host ||
+      (address === host ||
         this.extra.has(address) ||
-        this.opts.guard.isHostAddress(address))
+        (wildcard && (address.startsWith('127.') || this.opts.guard.isHostAddress(address))))
     )
       return "the proxy's own address";
     return this.opts.guard.refuses(address);

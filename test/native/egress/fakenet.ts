@@ -39,18 +39,19 @@ function handler(seen: Seen[]): http.RequestListener {
   };
 }
 
-async function listen(server: net.Server, address: string): Promise<number> {
+async function listen(server: net.Server, address: string, port = 0): Promise<number> {
   await new Promise<void>((resolve, reject) => {
     server.once('error', reject);
-    server.listen(0, address, () => resolve());
+    server.listen(port, address, () => resolve());
   });
   return (server.address() as net.AddressInfo).port;
 }
 
-export async function httpUpstream(address: string): Promise<Upstream> {
+/** An HTTP server on `address` (at `at`, else a free port) recording what it was asked. */
+export async function httpUpstream(address: string, at = 0): Promise<Upstream> {
   const seen: Seen[] = [];
   const server = http.createServer(handler(seen));
-  const port = await listen(server, address);
+  const port = await listen(server, address, at);
   return {
     address,
     port,

@@ -177,6 +177,9 @@ describe('egress proxy', function () {
   });
 
   afterEach(async () => proxy.stop());
+  /** What the proxy said and audited, for a status that was not the one expected. */
+  const denied = (r: Reply) =>
+    `${r.status} ${r.body.slice(0, 300)}; audit: ${audit.map((a) => `${a.decision} ${a.host}: ${a.reason ?? ''}`).join('; ')}`;
   after(async () => {
     await Promise.all([api.close(), other.close(), apiTls.close(), dns.close()]);
     ca.cleanup();
@@ -184,7 +187,7 @@ describe('egress proxy', function () {
 
   it('forwards an allowed host by name (proxy settings) and audits the resolved address and bytes', async () => {
     const r = await request(port, { method: 'POST', path: `http://api.test:${api.port}/v1/x?q=1`, body: 'abc' });
-    expect(r.status).to.equal(200);
+    expect(r.status, denied(r)).to.equal(200);
     expect(r.body).to.equal(`hello from api.test:${api.port} POST /v1/x?q=1`);
     expect(api.seen).to.have.length(1);
     expect(api.seen[0].body).to.equal('abc');
@@ -206,7 +209,7 @@ describe('egress proxy', function () {
 
   it('intercepts plain HTTP transparently by its Host header', async () => {
     const r = await request(port, { path: '/t', host: `api.test:${api.port}` });
-    expect(r.status).to.equal(200);
+    expect(r.status, denied(r)).to.equal(200);
     expect(api.seen.map((s) => s.url)).to.deep.equal(['/t']);
   });
 
@@ -291,6 +294,46 @@ describe('egress proxy', function () {
       expect(audit[0].reason).to.equal("resolved to 127.0.0.1: the proxy's own address");
     } finally {
       await p2.stop();
+    }
+    // Listening on every address: any loopback address at its port is the proxy.
+    const p3 = new EgressProxy({
+      ceiling: undefined,
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
+      resolvers: [dns.server],
+      host: '0.0.0.0',
+      onAudit: (r) => audit.push(r),
+    });
+    const { port: q } = await p3.start();
+    p3.ceiling = parseAllowList([`api.test:${q}`]);
+    p3.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`api.test:${q}`]) });
+    try {
+      const r = await request(q, { path: `http://api.test:${q}/` });
+      expect(r.status).to.equal(403);
+      expect(audit.at(-1)!.reason).to.equal("resolved to 127.0.0.2: the proxy's own address");
+    } finally {
+      await p3.stop();
+    }
+  });
+
+  it("reaches another loopback address at the proxy's port: only where the proxy listens is its own", async () => {
+    await proxy.stop();
+    const p2 = new EgressProxy({
+      ceiling: undefined,
+      guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
+      resolvers: [dns.server],
+      host: '127.0.0.1',
+      onAudit: (r) => audit.push(r),
+    });
+    const { port: p } = await p2.start();
+    const same = await httpUpstream('127.0.0.2', p);
+    p2.ceiling = parseAllowList([`api.test:${p}`]);
+    p2.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`api.test:${p}`]) });
+    try {
+      const r = await request(p, { path: `http://api.test:${p}/same-port` });
+      expect(r.status, denied(r)).to.equal(200);
+      expect(same.seen.map((x) => x.url)).to.deep.equal(['/same-port']);
+    } finally {
+      await Promise.all([p2.stop(), same.close()]);
     }
   });
 
