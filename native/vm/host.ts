@@ -17,6 +17,7 @@ import {
   killAndWait,
   launchQemu,
   pidAlive,
+  untilGone,
   probeAccel,
   hostTscKhz,
   qcow2Backing,
@@ -245,9 +246,11 @@ export abstract class VmHost {
    */
   watchQemu(vm: Vm, qmp: QmpClient): void {
     vm.qmp = qmp;
-    qmp.onClose(() => {
-      if (vm.qmp !== qmp || this.vms.get(vm.meta.id) !== vm || !this.started) return;
-      this.log(`vm: ${vm.meta.id}: QEMU (pid ${vm.meta.pid}) exited`);
+    const pid = vm.meta.pid;
+    const ours = () => vm.qmp === qmp && this.vms.get(vm.meta.id) === vm && this.started;
+    const tell = () => {
+      if (!ours()) return;
+      this.log(`vm: ${vm.meta.id}: QEMU (pid ${pid}) exited`);
       for (const l of this.stoppedListeners) {
         try {
           l(vm.meta.id);
@@ -255,6 +258,12 @@ export abstract class VmHost {
           this.log(`vm: stopped listener: ${(e as Error).message}`);
         }
       }
+    };
+    // Told once QEMU is gone, so a listener's inspect says stopped (a killed QEMU's sockets close
+    // while the kernel still tears it down: inspect said running, and nothing came until the
+    // health check).
+    qmp.onClose(() => {
+      if (ours()) void untilGone(pid ?? 0, 10_000).then(tell);
     });
   }
 

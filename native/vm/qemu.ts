@@ -571,7 +571,17 @@ export async function killAndWait(pid: number | undefined): Promise<void> {
   } catch {
     return;
   }
-  for (let i = 0; i < 500 && pidAlive(pid); i++) await new Promise((r) => setTimeout(r, 10));
+  await untilGone(pid, 5000);
+}
+
+/**
+ * Resolves once `pid` is gone or a zombie, or after `ms`. A killed QEMU closes its sockets while
+ * the kernel is still tearing it down, so whoever hears the close first waits here before
+ * reading its state (polled: Node has no pidfd).
+ */
+export async function untilGone(pid: number, ms: number): Promise<void> {
+  const end = Date.now() + ms;
+  while (pidAlive(pid) && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
 }
 
 export const shq = (s: string) => `'${s.replace(/'/g, `'\\''`)}'`;

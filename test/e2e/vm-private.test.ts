@@ -184,7 +184,10 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
         async () => (await events(fx!, 'priv1')).find((e) => e.reason === 'Restarted'),
         20_000,
         'a Restarted Event',
-      );
+      ).catch(async (e: Error) => {
+        const seen = (await events(fx!, 'priv1')).map((x) => `${x.type}/${x.reason}: ${x.message}`);
+        throw new Error(`${e.message}\nevents: ${seen.join('\n')}\n${fx!.logs().slice(-3000)}`);
+      });
       const ms = Date.now() - t0;
       console.log(`      (Restarted Event ${ms} ms after the kill)`);
       expect(ms).to.be.below(10_000);

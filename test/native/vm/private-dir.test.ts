@@ -109,12 +109,19 @@ describe('native/vm from a private directory (0700 checkout)', function () {
   it('a QEMU that exits on its own is reported at once (onInstanceStopped), not for a destroy; the VM revives', async () => {
     const rt = runtimes[0]!;
     const stopped: string[] = [];
-    rt.onInstanceStopped((id) => stopped.push(id));
+    const seen: string[] = [];
+    rt.onInstanceStopped((id) => {
+      stopped.push(id);
+      // What the reconciler's pass (which the listener enqueues) reads: stopped, so it revives.
+      void rt.inspect(id).then((i) => seen.push(i.state));
+    });
     const pid = (await rt.inspect('private')).pid!;
     const t0 = Date.now();
     process.kill(pid, 'SIGKILL');
     await eventually(() => stopped.length > 0, 5000, 'the stop to be told');
     expect(stopped).to.deep.equal(['private']);
+    await eventually(() => seen.length > 0, 5000, 'the state at the time told');
+    expect(seen, 'told only once QEMU is gone').to.deep.equal(['stopped']);
     console.log(`      (told ${Date.now() - t0} ms after the kill)`);
     expect((await rt.inspect('private')).state).to.equal('stopped');
     expect((await rt.inspect('private', { revive: true })).state).to.equal('running');
