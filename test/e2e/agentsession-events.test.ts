@@ -320,8 +320,14 @@ describe('e2e: AgentSession events, events/stream and files/watch', function () 
     expect(total).to.be.at.most(10_000);
     const cursor = s.messages.filter((m) => m.id).at(-1)!.id!;
     s.close();
-    // 10,001 creates while nobody follows: the window (10,000 events) no longer holds the next one.
-    await exec('w1', 'cd /work/burst && i=0; while [ $i -lt 10001 ]; do : > c$i; i=$((i+1)); done');
+    // 10,001 creates after the cursor: the window (10,000 events) no longer holds the next one.
+    // A live follower tells when the watcher has taken them all in (the end marker after them):
+    // resuming before that would find the window still holding the cursor's next event.
+    const live = sse(agsPath('w1', 'files/watch') + '?path=/work/burst');
+    await eventually(() => live.messages.some((m) => m.event === 'ready'), 30_000, 'ready');
+    await exec('w1', 'cd /work/burst && i=0; while [ $i -lt 10001 ]; do : > c$i; i=$((i+1)); done; : > zend');
+    await eventually(() => changes(live).some((m) => m.json.name === 'zend'), 60_000, 'the end marker');
+    live.close();
     const r = sse(agsPath('w1', 'files/watch') + '?path=/work/burst', { lastEventId: cursor });
     await eventually(() => r.messages.length >= 2, 30_000, 'the first events after the resume');
     expect(r.messages[0]!.event).to.equal('ready');
