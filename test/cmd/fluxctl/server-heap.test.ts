@@ -103,12 +103,18 @@ describe('fluxctl servers: the V8 heap growing factor', function () {
     const fixed = run(['serve'], ['--heap-growing-percent=25'], 'io');
     // The case is the one it should be: a fixed 25% (the setting before) marks again and again.
     expect(fixed, `full GCs with a fixed 25%: ${fixed}`).to.be.at.least(10);
+    const counts: string[] = [];
+    let total = 0;
     for (const argv of [['serve'], ['controller'], ['node-agent', '--node-name', 'n1']]) {
       const gcs = run(argv, [], 'io');
-      // A third at most: 2-3 against 16-21 on a quiet host, 5 against 20 beside the whole suite.
+      counts.push(`${argv[0]} ${gcs}`);
+      total += gcs;
+      // 2-5 against 15-22 on a quiet host or beside CPU hogs; 6 against 15 once beside the whole
+      // suite (concurrent marking's pace varies with the host): half at most each, a third on average.
       expect(gcs, `${argv[0]}: ${gcs} full GCs while 2 GiB of Buffers passed, ${fixed} with a fixed 25%`).to.be.at.most(
-        fixed / 3,
+        fixed / 2,
       );
     }
+    expect(total, `${counts.join(', ')} full GCs; ${fixed} with a fixed 25%`).to.be.at.most(fixed);
   });
 });
