@@ -276,65 +276,54 @@ describe('egress proxy', function () {
     ]);
   });
 
-  it("never connects to the proxy's own port, even when the operator allows loopback", async () => {
+  /**
+   * A proxy listening on `host` with loopback allowed by the operator, whose link may reach
+   * `name` at the proxy's own port; `use` gets that port. The default proxy is stopped first.
+   */
+  async function atOwnPort(host: string, name: string, use: (port: number) => Promise<void>): Promise<void> {
     await proxy.stop();
-    const p2 = new EgressProxy({
+    const p = new EgressProxy({
       ceiling: undefined,
       guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
       resolvers: [dns.server],
-      host: '127.0.0.1',
+      host,
       onAudit: (r) => audit.push(r),
     });
-    const { port: p } = await p2.start();
-    p2.ceiling = parseAllowList([`lo.test:${p}`]);
-    p2.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`lo.test:${p}`]) });
+    const { port: at } = await p.start();
+    p.ceiling = parseAllowList([`${name}:${at}`]);
+    p.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`${name}:${at}`]) });
     try {
+      await use(at);
+    } finally {
+      await p.stop();
+    }
+  }
+
+  it("never connects to the proxy's own port, even when the operator allows loopback", async () => {
+    await atOwnPort('127.0.0.1', 'lo.test', async (p) => {
       const r = await request(p, { path: `http://lo.test:${p}/` });
       expect(r.status).to.equal(403);
-      expect(audit[0].reason).to.equal("resolved to 127.0.0.1: the proxy's own address");
-    } finally {
-      await p2.stop();
-    }
-    // Listening on every address: any loopback address at its port is the proxy.
-    const p3 = new EgressProxy({
-      ceiling: undefined,
-      guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
-      resolvers: [dns.server],
-      host: '0.0.0.0',
-      onAudit: (r) => audit.push(r),
+      expect(audit.at(-1)!.reason).to.equal("resolved to 127.0.0.1: the proxy's own address");
     });
-    const { port: q } = await p3.start();
-    p3.ceiling = parseAllowList([`api.test:${q}`]);
-    p3.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`api.test:${q}`]) });
-    try {
-      const r = await request(q, { path: `http://api.test:${q}/` });
+    // Listening on every address: any loopback address at its port is the proxy.
+    await atOwnPort('0.0.0.0', 'api.test', async (p) => {
+      const r = await request(p, { path: `http://api.test:${p}/` });
       expect(r.status).to.equal(403);
       expect(audit.at(-1)!.reason).to.equal("resolved to 127.0.0.2: the proxy's own address");
-    } finally {
-      await p3.stop();
-    }
+    });
   });
 
   it("reaches another loopback address at the proxy's port: only where the proxy listens is its own", async () => {
-    await proxy.stop();
-    const p2 = new EgressProxy({
-      ceiling: undefined,
-      guard: new AddressGuard({ allowCidrs: ['127.0.0.0/8'] }),
-      resolvers: [dns.server],
-      host: '127.0.0.1',
-      onAudit: (r) => audit.push(r),
+    await atOwnPort('127.0.0.1', 'api.test', async (p) => {
+      const same = await httpUpstream('127.0.0.2', p);
+      try {
+        const r = await request(p, { path: `http://api.test:${p}/same-port` });
+        expect(r.status, denied(r)).to.equal(200);
+        expect(same.seen.map((x) => x.url)).to.deep.equal(['/same-port']);
+      } finally {
+        await same.close();
+      }
     });
-    const { port: p } = await p2.start();
-    const same = await httpUpstream('127.0.0.2', p);
-    p2.ceiling = parseAllowList([`api.test:${p}`]);
-    p2.setLink(SBX, { id: 'sbx-1', allow: parseAllowList([`api.test:${p}`]) });
-    try {
-      const r = await request(p, { path: `http://api.test:${p}/same-port` });
-      expect(r.status, denied(r)).to.equal(200);
-      expect(same.seen.map((x) => x.url)).to.deep.equal(['/same-port']);
-    } finally {
-      await Promise.all([p2.stop(), same.close()]);
-    }
   });
 
   it('answers DNS for allowed names only: A records it resolved and passed, NXDOMAIN for the rest, REFUSED for strangers', async () => {
