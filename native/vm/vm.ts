@@ -355,8 +355,10 @@ export class VmRuntime extends VmGuest implements Runtime {
     const vm = this.vm(id);
     if (opts.revive && !vm.meta.failed && !pidAlive(vm.meta.pid) && vm.pending === 0) {
       await this.locked(vm, async () => {
-        // Processes are lost; the disk (workspace) is intact: boot it from the template.
+        // Processes are lost; the disk (workspace) is intact: boot it from the template. It runs:
+        // an idle standby (its guest was stopped) ended with its QEMU.
         await this.halt(vm);
+        delete vm.meta.standby;
         const identity = { hostname: vm.meta.hostname, machineId: vm.meta.machineId };
         if (vm.meta.volumes?.length) await bootWithVolumes(this, vm, identity);
         else

@@ -126,10 +126,19 @@ describe('native/vm from a private directory (0700 checkout)', function () {
     expect((await rt.inspect('private')).state).to.equal('stopped');
     expect((await rt.inspect('private', { revive: true })).state).to.equal('running');
     expect((await rt.exec('private', { argv: ['cat', '/work/f'] })).stdout.toString()).to.equal('hi\n');
+    // Killed while on idle standby (its guest stopped): revived running, not on standby.
+    await rt.standby('private');
+    expect((await rt.inspect('private')).standby).to.equal(true);
+    process.kill((await rt.inspect('private')).pid!, 'SIGKILL');
+    await eventually(() => stopped.length > 1, 5000, 'the second stop to be told');
+    const back = await rt.inspect('private', { revive: true });
+    expect(back.state).to.equal('running');
+    expect(back.standby, 'the revived VM runs').to.equal(undefined);
+    expect((await rt.exec('private', { argv: ['cat', '/work/f'] })).stdout.toString()).to.equal('hi\n');
     await rt.destroy('named-image');
     // A fixed window on purpose: a destroy must not be reported as a stop (no event says "not").
     await new Promise((r) => setTimeout(r, 300));
-    expect(stopped, 'a destroy is not reported').to.deep.equal(['private']);
+    expect(stopped, 'a destroy is not reported').to.deep.equal(['private', 'private']);
   });
 
   it('a QEMU that cannot start (its disk image is not a qcow2) fails the create within seconds with the first line of its error', async function () {
