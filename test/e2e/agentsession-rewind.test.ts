@@ -3,7 +3,7 @@
 // wrapped, branch from a point, bisect in a copy, the ring's edges, no storage leak over 1,000
 // points, and a kill -9 between a point and its step.
 import { expect } from 'chai';
-import { execFileSync } from 'node:child_process';
+import { spawnSync } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { startFluxctl, type Fluxctl } from './harness.js';
@@ -20,8 +20,19 @@ const ags = (name: string, rewind: Record<string, unknown>, extra: Record<string
     spec: { agent: 'a', policy: { preset: 'offline' }, rewind, ...extra },
   });
 
+/**
+ * What `find` or `du` printed. The server deletes files while they walk (a sweep, a ring's
+ * eviction): an entry that vanishes mid-walk makes them exit 1 but leaves their output right.
+ */
+function walk(cmd: 'find' | 'du', args: string[]): string {
+  const r = spawnSync(cmd, args, { encoding: 'utf8' });
+  if (r.error || (r.status !== 0 && !/No such file or directory/.test(r.stderr)))
+    throw new Error(`${cmd} ${args.join(' ')}: ${r.error?.message ?? `exit ${r.status}: ${r.stderr}`}`);
+  return r.stdout;
+}
+
 /** Bytes of the files below `dir` (du -sb). */
-const du = (dir: string) => Number(execFileSync('du', ['-sb', dir]).toString().split('\t')[0]);
+const du = (dir: string) => Number(walk('du', ['-sb', dir]).split('\t')[0]);
 
 describe('e2e: AgentSession rewind (procbox)', function () {
   this.timeout(600_000);
@@ -235,8 +246,7 @@ describe('e2e: AgentSession rewind (procbox)', function () {
     // The runtime holds exactly the ring's checkpoints (without the evictions' deletes: 1,000 records and their
     // layers; measured then: +708 KB between 100 and 1,000 points, the files rotate over 20 names).
     const uid = JSON.parse(await kubectlOk(fx, ['get', 'ags', 'r6', '-o', 'json'])).metadata.uid;
-    const records = execFileSync('find', [fx.stateDir, '-name', `ags-${uid}-rw-*.json`])
-      .toString()
+    const records = walk('find', [fx.stateDir, '-name', `ags-${uid}-rw-*.json`])
       .trim()
       .split('\n');
     expect(records).to.have.length(10);
@@ -265,10 +275,7 @@ describe('e2e: AgentSession rewind (procbox)', function () {
           () => undefined,
         );
       const uid = JSON.parse(await kubectlOk(fx, ['get', 'ags', name, '-o', 'json'])).metadata.uid;
-      const ck = () =>
-        execFileSync('find', [stateDir, '-name', `ags-${uid}-rw-2*`])
-          .toString()
-          .trim();
+      const ck = () => walk('find', [stateDir, '-name', `ags-${uid}-rw-2*`]).trim();
       await eventually(
         async () => {
           const held =
@@ -333,8 +340,7 @@ describe('e2e: AgentSession rewind (procbox)', function () {
       () => undefined,
     );
     // The copy is a procbox sandbox of its own: its directory in the runtime's state.
-    const copies = () =>
-      execFileSync('find', [stateDir, '-maxdepth', '5', '-type', 'd', '-name', '*-bisect-*']).toString().trim();
+    const copies = () => walk('find', [stateDir, '-maxdepth', '5', '-type', 'd', '-name', '*-bisect-*']).trim();
     await eventually(
       async () => {
         if (answered) throw new Error(`the held bisect answered: ${answered}`);
