@@ -259,6 +259,9 @@ describe('changeset apply claim: against the API and a procbox sandbox', functio
     expect(cond(o, 'Finished')).to.include({ status: 'True', reason: 'StagedFilesLost' });
     expect(o.status.message).to.match(/not in this controller's state directory/);
     expect(await sh(env, sbx, 'ls /work')).to.not.include('lost');
+    // The Event is written after the status: wait for it, then count.
+    const failed = await eventReason(env, 'lost', 'Failed');
+    expect(failed.count ?? 1).to.equal(1);
     const reasons = (await env.events('lost')).map((e: AnyObject) => e.reason);
     expect(reasons.filter((r: string) => r === 'Failed')).to.have.length(1);
   });
