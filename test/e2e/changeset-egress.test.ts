@@ -21,6 +21,7 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import {
   api,
   apiSpeculate,
+  eventually,
   exec,
   fluxctlInProcess,
   kubectlOk,
@@ -134,9 +135,23 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     // The upstream counts requests: only the GET arrived.
     expect(seen('ro')).to.deep.equal(['GET /read-ro']);
     // The Created Event says so in one line.
-    const ev = JSON.parse(
-      await kubectlOk(fx, ['get', 'events', '--field-selector', 'involvedObject.name=ro,reason=Created', '-o', 'json']),
-    ).items;
+    // Events are written after the status: wait for it.
+    const ev = await eventually(
+      async () => {
+        const out = await kubectlOk(fx, [
+          'get',
+          'events',
+          '--field-selector',
+          'involvedObject.name=ro,reason=Created',
+          '-o',
+          'json',
+        ]);
+        const items = JSON.parse(out).items;
+        return items.length > 0 ? items : undefined;
+      },
+      10_000,
+      'a Created Event',
+    );
     expect(ev[0]?.message).to.match(/egress readOnly \(network allowList\): 1 went out, 1 held$/);
   });
 

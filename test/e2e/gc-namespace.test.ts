@@ -8,6 +8,7 @@ import yaml from 'js-yaml';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { haveKubectl } from './kubectl.js';
 import { skipWith } from '../skip.js';
+import { eventually } from '../support/wait.js';
 
 const secret = (
   name: string,
@@ -141,7 +142,15 @@ describe('e2e: garbage collection and namespace deletion through kubectl', funct
       }),
     );
     await ok(['wait', 'sbx/evented', '--for=condition=Ready', '--timeout=30s']);
-    const out = await ok(['get', 'events', '--field-selector', 'involvedObject.name=evented']);
+    // Events are written after the status: wait for one.
+    const out = await eventually(
+      async () => {
+        const o = await ok(['get', 'events', '--field-selector', 'involvedObject.name=evented']);
+        return o.includes('\n') ? o : undefined;
+      },
+      10_000,
+      "the sandbox's Events",
+    );
     const [header, first] = out.split('\n');
     expect(header.split(/\s{2,}/)).to.deep.equal(['LAST SEEN', 'TYPE', 'REASON', 'OBJECT', 'MESSAGE']);
     expect(first).to.match(/\ssandbox\/evented\s/);

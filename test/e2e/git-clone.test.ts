@@ -146,15 +146,24 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     const r = await exec(fx, 'g1', ['sh', '-c', 'cat README; ./bin/run.sh; git rev-parse HEAD']);
     expect(r.stdout).to.equal(`version 2\nrun\n${head}\n`);
     expect(requests.some((p) => p.endsWith('/info/refs'))).to.equal(true);
-    const ev = await kubectlOk(fx, [
-      'get',
-      'events',
-      '--field-selector',
-      'involvedObject.name=g1',
-      '-o',
-      'jsonpath={.items[*].reason}',
-    ]);
-    expect(ev.split(' ')).to.include('Cloned');
+    // Events are written after the status: wait for it.
+    await eventually(
+      async () =>
+        (
+          await kubectlOk(fx, [
+            'get',
+            'events',
+            '--field-selector',
+            'involvedObject.name=g1',
+            '-o',
+            'jsonpath={.items[*].reason}',
+          ])
+        )
+          .split(' ')
+          .includes('Cloned'),
+      10_000,
+      'a Cloned Event',
+    );
   });
 
   it('checks out the ref asked for', async () => {

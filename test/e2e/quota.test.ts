@@ -109,17 +109,15 @@ describe('e2e: ResourceQuota (kubectl, real sandboxes)', function () {
     );
     const sbx = await kubectlOk(fx, ['get', 'sbx', '-n', 'q2', '-o', 'name']);
     expect(sbx.trim().split('\n')).to.have.length(2);
-    const events = await kubectlOk(fx, [
-      'get',
-      'events',
-      '-n',
-      'q2',
-      '--field-selector',
-      'reason=QuotaExceeded',
-      '-o',
-      'name',
-    ]);
-    expect(events.trim()).to.not.equal('');
+    // Events are written after the status: wait for it.
+    await eventually(
+      async () =>
+        (
+          await kubectlOk(fx, ['get', 'events', '-n', 'q2', '--field-selector', 'reason=QuotaExceeded', '-o', 'name'])
+        ).trim() !== '',
+      10_000,
+      'a QuotaExceeded Event',
+    );
   });
 
   it("refuses a pool naming another namespace's template (kubectl, 422 naming the field)", async () => {

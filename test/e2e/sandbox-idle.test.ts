@@ -130,8 +130,22 @@ describe('e2e: idle standby and wake (procbox)', function () {
     const t0 = Date.now();
     await eventually(() => Date.now() - t0 >= 500, 2000, 'the observation window');
     expect(counter(pid), 'the counter does not advance while frozen').to.equal(at);
-    const ev = await kubectlOk(fx!, ['get', 'events', '--field-selector', `involvedObject.uid=${uid}`, '-o', 'json']);
-    expect(JSON.parse(ev).items.map((e: any) => e.reason)).to.include('Standby');
+    // Events are written after the status: wait for it.
+    await eventually(
+      async () => {
+        const ev = await kubectlOk(fx!, [
+          'get',
+          'events',
+          '--field-selector',
+          `involvedObject.uid=${uid}`,
+          '-o',
+          'json',
+        ]);
+        return JSON.parse(ev).items.some((e: any) => e.reason === 'Standby');
+      },
+      10_000,
+      'a Standby Event',
+    );
 
     const r = await exec(fx!, 'idler', 'echo woken; cat /tmp/c');
     expect(r.exitCode).to.equal(0);

@@ -357,15 +357,22 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(hostProcesses('sleep 4931')).to.deep.equal([]);
     expect(hostMounts(uid)).to.deep.equal([]);
     for (const d of dirs) expect(existsSync(d), d).to.equal(false);
-    const events = await kubectlOk(fx, [
-      'get',
-      'events',
-      '--field-selector',
-      'involvedObject.name=gone',
-      '-o',
-      'jsonpath={.items[*].reason}',
-    ]);
-    expect(events.split(' ')).to.include.members(['Started', 'Terminating', 'Destroyed']);
+    // Events are written after the status they follow: wait for the last.
+    await eventually(
+      async () => {
+        const events = await kubectlOk(fx, [
+          'get',
+          'events',
+          '--field-selector',
+          'involvedObject.name=gone',
+          '-o',
+          'jsonpath={.items[*].reason}',
+        ]);
+        return ['Started', 'Terminating', 'Destroyed'].every((r) => events.split(' ').includes(r));
+      },
+      10_000,
+      'Started, Terminating and Destroyed Events',
+    );
   });
 
   it('a sandbox whose init died out of band is brought back with its workspace, and an Event says so', async () => {

@@ -60,8 +60,21 @@ export async function hostileGuest(fx: Fluxctl, vmDir: string, name: string, bin
   expect(ready).to.include({ status: 'False', reason: 'GuestProtocolError' });
   expect(ready.message).to.match(/protocol violation/);
   await eventually(async () => !pidAlive(qemuPid), 10_000, 'the failed VM QEMU stopped');
-  const ev = await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']);
-  expect(JSON.parse(ev).items.map((e: any) => e.reason)).to.include('GuestProtocolError');
+  await eventually(
+    async () => {
+      const ev = await kubectlOk(fx, [
+        'get',
+        'events',
+        '--field-selector',
+        `involvedObject.name=${name}`,
+        '-o',
+        'json',
+      ]);
+      return JSON.parse(ev).items.some((e: any) => e.reason === 'GuestProtocolError');
+    },
+    10_000,
+    'a GuestProtocolError Event',
+  );
   // Everything else is served as before.
   expect(fx.child.exitCode, 'the server process is alive').to.equal(null);
   expect((await exec(fx, 'vm1', 'echo vm1 ok')).stdout).to.equal('vm1 ok\n');

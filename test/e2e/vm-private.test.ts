@@ -210,7 +210,12 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(cond(o, 'Stalled').message).to.equal(
         'creating the sandbox failed: image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)',
       );
-      expect((await events(fx!, 'noimg')).map((e) => `${e.type}/${e.reason}`)).to.include('Warning/ImageNotFound');
+      // Events are written after the status: wait for it.
+      await eventually(
+        async () => (await events(fx!, 'noimg')).some((e) => `${e.type}/${e.reason}` === 'Warning/ImageNotFound'),
+        10_000,
+        'a Warning ImageNotFound Event',
+      );
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('named', { runtime: 'vm', image: 'busybox' }));
       await kubectlOk(fx!, ['wait', 'sbx/named', '--for=condition=Ready', '--timeout=120s']);
       expect((await sandbox(fx!, 'named')).status.phase).to.equal('Running');
@@ -269,8 +274,12 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(cond(o, 'Stalled').message).to.match(
         /^creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu' \(attempt \d+, retried in \d+ s\)$/,
       );
-      const ev = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
-      expect(ev, 'a QemuFailed Event').to.not.equal(undefined);
+      // Events are written after the status: wait for it.
+      const ev = await eventually(
+        async () => (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed'),
+        10_000,
+        'a QemuFailed Event',
+      );
       expect(ev).to.include({
         type: 'Warning',
         message:
@@ -290,8 +299,12 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       );
       const attempts = Number(/attempt (\d+)/.exec(cond(now, 'Stalled').message)![1]);
       expect(attempts, 'backed off: not a tight loop').to.be.below(7);
-      const counted = (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed');
-      expect(counted.count).to.be.at.least(3);
+      // One Event counted per attempt (written after the status: waited for).
+      await eventually(
+        async () => (await events(fx!, 'bad')).some((e) => e.reason === 'QemuFailed' && e.count >= 3),
+        10_000,
+        'the QemuFailed Event counted at least 3 times',
+      );
       // fluxctl wait for Ready ends at once with the reason instead of waiting out its timeout.
       const t1 = Date.now();
       const fw = await fx!.fluxctl(['wait', 'sbx/bad', '--for=condition=Ready', '--timeout=120s'], {
