@@ -21,6 +21,7 @@ import {
 } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import {
+  describedWith,
   eventually,
   exec,
   kubectlOk,
@@ -171,8 +172,11 @@ describe('e2e: allowList egress through the serve egress proxy', function () {
     expect(r.stdout).to.equal(`hello from other.test:${api.port} GET /now 200`);
     console.log(`      allow-list change realized in ${realizedMs} ms (PATCH sent to observedGeneration seen)`);
     expect(realizedMs).to.be.lessThan(1000);
-    const d = await kubectlOk(fx, ['describe', 'sbx', 'egr']);
-    expect(d).to.match(/EgressPolicyApplied\s+.*allow-list in force: api\.test:\d+, other\.test:\d+/);
+    await describedWith(
+      fx,
+      ['sbx', 'egr'],
+      /EgressPolicyApplied\s+.*allow-list in force: api\.test:\d+, other\.test:\d+/,
+    );
   });
 
   it('refuses bad allow entries with 422 naming the field, and changes nothing', async () => {

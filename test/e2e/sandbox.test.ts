@@ -12,6 +12,7 @@ import { qemuInstalled } from '../../native/vm/qemu.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import {
   api,
+  describedWith,
   eventually,
   exec,
   hostMounts,
@@ -50,8 +51,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(st.startedAt).to.match(/Z$/);
     expect(st.capabilities).to.include({ backend: 'procbox', exec: true, fork: true });
     expect(st.conditions[0]).to.include({ type: 'Ready', status: 'True', reason: 'Running' });
-    const d = await kubectlOk(fx, ['describe', 'sbx', 'demo']);
-    expect(d).to.match(/Events:[\s\S]*Normal\s+Started\s+.*started procbox sandbox on node/);
+    await describedWith(fx, ['sbx', 'demo'], /Events:[\s\S]*Normal\s+Started\s+.*started procbox sandbox on node/);
   });
 
   it('exec returns stdout, stderr and exit codes 0, 3 and 7', async () => {
@@ -340,7 +340,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(existsSync(join(fx.stateDir, 'runtime', 'procbox', 'sandboxes', uid))).to.equal(false);
     const r = await api(fx, 'POST', subPath('default', 'short', 'exec'), { body: { command: ['true'] } });
     expect(r.status).to.equal(409);
-    expect(await kubectlOk(fx, ['describe', 'sbx', 'short'])).to.match(/Normal\s+Expired\s+/);
+    await describedWith(fx, ['sbx', 'short'], /Normal\s+Expired\s+/);
   });
 
   it('kubectl delete leaves no process, mount or state directory on the host', async () => {
@@ -401,10 +401,7 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     await kubectlOk(fx, ['patch', 'sbx', 'nap', '--type', 'merge', '-p', '{"spec":{"paused":false}}']);
     await kubectlOk(fx, ['wait', 'sbx/nap', '--for=condition=Ready', '--timeout=30s']);
     expect((await exec(fx, 'nap', 'echo awake')).stdout).to.equal('awake\n');
-    const d = await kubectlOk(fx, ['describe', 'sbx', 'nap']);
-    expect(d)
-      .to.match(/Normal\s+Paused\s+/)
-      .and.match(/Normal\s+Running\s+/);
+    await describedWith(fx, ['sbx', 'nap'], /Normal\s+Paused\s+/, /Normal\s+Running\s+/);
   });
 
   it('a sandbox asking for the vm runtime on a procbox-only node fails with a clear condition', async function () {
