@@ -10,6 +10,7 @@ import type http from 'node:http';
 import WebSocket from 'ws';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, skipWith } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 import { agsPath, watchLedger } from './ledger-watch.js';
 
 const yaml = (name: string, spec: Record<string, unknown> = {}) =>
@@ -220,20 +221,12 @@ describe('e2e: AgentSession promises of the session document (terminal, ledger w
     expect(s.status.phase).to.equal('Failed');
     expect(s.status.conditions.find((c: any) => c.type === 'Stalled')).to.include({ reason: 'SandboxLost' });
     expect(s.status.sandbox).to.deep.equal({ name: 'sl', uid: before });
-    const ev = await eventually(
-      async () => {
-        const out = await kubectlOk(fx, [
-          'get',
-          'events',
-          '--field-selector',
-          'involvedObject.name=sl,reason=SandboxLost',
-          '-o',
-          'json',
-        ]);
-        return JSON.parse(out).items[0];
-      },
-      20_000,
+    const [ev] = await eventsUntil(
+      fx,
+      'involvedObject.name=sl,reason=SandboxLost',
+      (items) => items.length > 0,
       'a SandboxLost Event',
+      { timeoutMs: 20_000 },
     );
     expect(ev).to.include({ type: 'Warning' });
     expect(ev.involvedObject).to.include({ kind: 'AgentSession', name: 'sl' });

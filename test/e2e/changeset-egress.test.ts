@@ -21,7 +21,6 @@ import { startFluxctl, type Fluxctl } from './harness.js';
 import {
   api,
   apiSpeculate,
-  eventually,
   exec,
   fluxctlInProcess,
   kubectlOk,
@@ -30,6 +29,7 @@ import {
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', function () {
   this.timeout(240_000);
@@ -135,21 +135,10 @@ describe('e2e: speculation egress (spec.egress, measured status.sideEffects)', f
     // The upstream counts requests: only the GET arrived.
     expect(seen('ro')).to.deep.equal(['GET /read-ro']);
     // The Created Event says so in one line.
-    // Events are written after the status: wait for it.
-    const ev = await eventually(
-      async () => {
-        const out = await kubectlOk(fx, [
-          'get',
-          'events',
-          '--field-selector',
-          'involvedObject.name=ro,reason=Created',
-          '-o',
-          'json',
-        ]);
-        const items = JSON.parse(out).items;
-        return items.length > 0 ? items : undefined;
-      },
-      10_000,
+    const ev = await eventsUntil(
+      fx,
+      'involvedObject.name=ro,reason=Created',
+      (items) => items.length > 0,
       'a Created Event',
     );
     expect(ev[0]?.message).to.match(/egress readOnly \(network allowList\): 1 went out, 1 held$/);

@@ -21,7 +21,6 @@ import {
 } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import {
-  describedWith,
   eventually,
   exec,
   kubectlOk,
@@ -30,6 +29,7 @@ import {
   sandboxYaml,
   skipWith,
 } from './sandbox-helpers.js';
+import { describedWith } from './event-waits.js';
 
 describe('e2e: allowList egress through the serve egress proxy', function () {
   this.timeout(180_000);

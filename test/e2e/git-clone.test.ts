@@ -12,15 +12,8 @@ import { tmpdir } from 'node:os';
 import { join, normalize } from 'node:path';
 import { testCA, testDns, type TestCA, type TestDns } from '../native/egress/fakenet.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
-import {
-  eventually,
-  exec,
-  kubectlOk,
-  makeSandbox,
-  sandboxSkipReason,
-  sandboxYaml,
-  skipWith,
-} from './sandbox-helpers.js';
+import { exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 function gitAvailable(): string | undefined {
   try {
@@ -146,22 +139,10 @@ describe('e2e: workspaces cloned from git (Sandbox source.git, AgentSession work
     const r = await exec(fx, 'g1', ['sh', '-c', 'cat README; ./bin/run.sh; git rev-parse HEAD']);
     expect(r.stdout).to.equal(`version 2\nrun\n${head}\n`);
     expect(requests.some((p) => p.endsWith('/info/refs'))).to.equal(true);
-    // Events are written after the status: wait for it.
-    await eventually(
-      async () =>
-        (
-          await kubectlOk(fx, [
-            'get',
-            'events',
-            '--field-selector',
-            'involvedObject.name=g1',
-            '-o',
-            'jsonpath={.items[*].reason}',
-          ])
-        )
-          .split(' ')
-          .includes('Cloned'),
-      10_000,
+    await eventsUntil(
+      fx,
+      'involvedObject.name=g1',
+      (items) => items.some((e) => e.reason === 'Cloned'),
       'a Cloned Event',
     );
   });

@@ -7,6 +7,7 @@ import { expect } from 'chai';
 import { EXT, template } from './agentsandbox-helpers.js';
 import { startFluxctl, type Fluxctl } from './harness.js';
 import { api, eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 const COUNT = 'count/sandboxes.fluxvm.dev';
 
@@ -109,15 +110,9 @@ describe('e2e: ResourceQuota (kubectl, real sandboxes)', function () {
     );
     const sbx = await kubectlOk(fx, ['get', 'sbx', '-n', 'q2', '-o', 'name']);
     expect(sbx.trim().split('\n')).to.have.length(2);
-    // Events are written after the status: wait for it.
-    await eventually(
-      async () =>
-        (
-          await kubectlOk(fx, ['get', 'events', '-n', 'q2', '--field-selector', 'reason=QuotaExceeded', '-o', 'name'])
-        ).trim() !== '',
-      10_000,
-      'a QuotaExceeded Event',
-    );
+    await eventsUntil(fx, 'reason=QuotaExceeded', (items) => items.length > 0, 'a QuotaExceeded Event', {
+      namespace: 'q2',
+    });
   });
 
   it("refuses a pool naming another namespace's template (kubectl, 422 naming the field)", async () => {

@@ -135,24 +135,6 @@ export function hostMounts(s: string): string[] {
 export { eventually };
 
 /**
- * `kubectl describe` of `what` once its text matches every pattern (Events are written after the status a test
- * waits on, so the one a test expects may come a moment later); fails after 10 s with the last text.
- */
-export async function describedWith(fx: Fluxctl, what: string[], ...patterns: RegExp[]): Promise<string> {
-  let last = '';
-  return eventually(
-    async () => {
-      last = await kubectlOk(fx, ['describe', ...what]);
-      return patterns.every((p) => p.test(last)) ? last : undefined;
-    },
-    10_000,
-    `kubectl describe ${what.join(' ')} to match ${patterns.join(', ')}`,
-  ).catch((e: Error) => {
-    throw new Error(`${e.message}; it said:\n${last}`);
-  });
-}
-
-/**
  * Runs fluxctl in this process against fx's kubeconfig (or `kubeconfig`) (no spawn: a tsx start of the binary
  * costs seconds); resolves with its exit code and what it printed.
  */

@@ -12,6 +12,7 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { httpRequest, startFluxctl, type Fluxctl } from './harness.js';
 import { api, exec, kubectlOk, makeSandbox, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 import { EXT, claim, pool, readyPool, template, boundClaim } from './agentsandbox-helpers.js';
 import { eventually } from '../support/wait.js';
 import { COUNTER_LOOP, counter, kernelFrozen } from '../support/freezer.js';
@@ -130,20 +131,10 @@ describe('e2e: idle standby and wake (procbox)', function () {
     const t0 = Date.now();
     await eventually(() => Date.now() - t0 >= 500, 2000, 'the observation window');
     expect(counter(pid), 'the counter does not advance while frozen').to.equal(at);
-    // Events are written after the status: wait for it.
-    await eventually(
-      async () => {
-        const ev = await kubectlOk(fx!, [
-          'get',
-          'events',
-          '--field-selector',
-          `involvedObject.uid=${uid}`,
-          '-o',
-          'json',
-        ]);
-        return JSON.parse(ev).items.some((e: any) => e.reason === 'Standby');
-      },
-      10_000,
+    await eventsUntil(
+      fx!,
+      `involvedObject.uid=${uid}`,
+      (items) => items.some((e) => e.reason === 'Standby'),
       'a Standby Event',
     );
 

@@ -12,7 +12,6 @@ import { qemuInstalled } from '../../native/vm/qemu.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import {
   api,
-  describedWith,
   eventually,
   exec,
   hostMounts,
@@ -24,6 +23,7 @@ import {
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { describedWith, eventsUntil } from './event-waits.js';
 
 describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources', function () {
   this.timeout(120_000);
@@ -357,20 +357,10 @@ describe('e2e: sandboxes (procbox) through kubectl, fluxctl and the subresources
     expect(hostProcesses('sleep 4931')).to.deep.equal([]);
     expect(hostMounts(uid)).to.deep.equal([]);
     for (const d of dirs) expect(existsSync(d), d).to.equal(false);
-    // Events are written after the status they follow: wait for the last.
-    await eventually(
-      async () => {
-        const events = await kubectlOk(fx, [
-          'get',
-          'events',
-          '--field-selector',
-          'involvedObject.name=gone',
-          '-o',
-          'jsonpath={.items[*].reason}',
-        ]);
-        return ['Started', 'Terminating', 'Destroyed'].every((r) => events.split(' ').includes(r));
-      },
-      10_000,
+    await eventsUntil(
+      fx,
+      'involvedObject.name=gone',
+      (items) => ['Started', 'Terminating', 'Destroyed'].every((r) => items.some((e) => e.reason === r)),
       'Started, Terminating and Destroyed Events',
     );
   });

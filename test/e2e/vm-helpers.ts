@@ -9,6 +9,7 @@ import { qemuPids } from '../support/qemu.js';
 import type { Fluxctl } from './harness.js';
 import { httpUpstream, testDns, type TestDns, type Upstream } from '../native/egress/fakenet.js';
 import { api, eventually, exec, kubectlOk, subPath } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 /** sha256 of every file below /work of a sandbox, as `path hash` lines (busybox userland). */
 export async function snapshot(fx: Fluxctl, sbx: string): Promise<string> {
@@ -60,19 +61,10 @@ export async function hostileGuest(fx: Fluxctl, vmDir: string, name: string, bin
   expect(ready).to.include({ status: 'False', reason: 'GuestProtocolError' });
   expect(ready.message).to.match(/protocol violation/);
   await eventually(async () => !pidAlive(qemuPid), 10_000, 'the failed VM QEMU stopped');
-  await eventually(
-    async () => {
-      const ev = await kubectlOk(fx, [
-        'get',
-        'events',
-        '--field-selector',
-        `involvedObject.name=${name}`,
-        '-o',
-        'json',
-      ]);
-      return JSON.parse(ev).items.some((e: any) => e.reason === 'GuestProtocolError');
-    },
-    10_000,
+  await eventsUntil(
+    fx,
+    `involvedObject.name=${name}`,
+    (items) => items.some((e) => e.reason === 'GuestProtocolError'),
     'a GuestProtocolError Event',
   );
   // Everything else is served as before.
