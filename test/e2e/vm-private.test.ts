@@ -29,6 +29,7 @@ import { join } from 'node:path';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 /** QEMU processes that run below `dir` (QEMU's cwd is the VM state directory). */
 function qemuBelow(dir: string): number[] {
@@ -210,10 +211,10 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(cond(o, 'Stalled').message).to.equal(
         'creating the sandbox failed: image "ubuntu:24.04" is not on this host (its VM images: busybox; leave the image out for that one)',
       );
-      // Events are written after the status: wait for it.
-      await eventually(
-        async () => (await events(fx!, 'noimg')).some((e) => `${e.type}/${e.reason}` === 'Warning/ImageNotFound'),
-        10_000,
+      await eventsUntil(
+        fx!,
+        'involvedObject.name=noimg',
+        (items) => items.some((e) => `${e.type}/${e.reason}` === 'Warning/ImageNotFound'),
         'a Warning ImageNotFound Event',
       );
       await kubectlOk(fx!, ['apply', '-f', '-'], sandboxYaml('named', { runtime: 'vm', image: 'busybox' }));
@@ -274,10 +275,10 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       expect(cond(o, 'Stalled').message).to.match(
         /^creating the sandbox failed: qemu could not start \(exit 1\): unable to find CPU model 'fluxvm-no-such-cpu' \(attempt \d+, retried in \d+ s\)$/,
       );
-      // Events are written after the status: wait for it.
-      const ev = await eventually(
-        async () => (await events(fx!, 'bad')).find((e) => e.reason === 'QemuFailed'),
-        10_000,
+      const [ev] = await eventsUntil(
+        fx!,
+        'involvedObject.name=bad,reason=QemuFailed',
+        (items) => items.length > 0,
         'a QemuFailed Event',
       );
       expect(ev).to.include({
@@ -299,10 +300,11 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       );
       const attempts = Number(/attempt (\d+)/.exec(cond(now, 'Stalled').message)![1]);
       expect(attempts, 'backed off: not a tight loop').to.be.below(7);
-      // One Event counted per attempt (written after the status: waited for).
-      await eventually(
-        async () => (await events(fx!, 'bad')).some((e) => e.reason === 'QemuFailed' && e.count >= 3),
-        10_000,
+      // One Event counted per attempt.
+      await eventsUntil(
+        fx!,
+        'involvedObject.name=bad,reason=QemuFailed',
+        (items) => items.some((e) => e.count >= 3),
         'the QemuFailed Event counted at least 3 times',
       );
       // fluxctl wait for Ready ends at once with the reason instead of waiting out its timeout.
