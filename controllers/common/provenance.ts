@@ -45,9 +45,10 @@ export interface ProvenanceSummary {
 
 /** `sha256:<hex>` as an in-toto digest set, or undefined for any other form. Pure. */
 export function digestSet(fingerprint: string | undefined): Record<string, string> | undefined {
-  const m = /^sha256:([0-9a-f]{64})$/.exec(fingerprint ?? '');
-  return m ? { sha256: m[1]! } : undefined;
+  // test + slice, not exec: no match array per file (2,000 calls for a 1,000-file record).
+  return fingerprint !== undefined && SHA256_FP.test(fingerprint) ? { sha256: fingerprint.slice(7) } : undefined;
 }
+const SHA256_FP = /^sha256:[0-9a-f]{64}$/;
 
 /**
  * The subjects of a record: one per file written (name = its path, digest its sha256), sorted by
