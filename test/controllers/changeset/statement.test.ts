@@ -4,35 +4,13 @@
 // are the files written in the same order.
 import { expect } from 'chai';
 import { createHash } from 'node:crypto';
-import type { Changeset } from '../../../apis/zz_generated.types.js';
-import { changesetStatement } from '../../../controllers/changeset/provenance.js';
-import type { ChangesetMeta } from '../../../controllers/changeset/meta.js';
+import { statementOf } from '../../support/changeset-statement.js';
 
 const hex = (c: string) => c.repeat(64);
 const sha = (p: string) => createHash('sha256').update(p).digest('hex');
 
-function statement(paths: string[], fingerprints: Record<string, string>) {
-  const meta = {
-    uid: 'cs-uid',
-    namespace: 'team',
-    name: 'cs',
-    sandbox: { name: 'dev', uid: 'sbx-uid' },
-    command: ['true'],
-    paths: ['/work'],
-    runVia: 'workspace-copy',
-    layered: true,
-    exitCode: 0,
-    changes: { added: [], modified: paths, deleted: [] },
-    staged: paths.map((path, i) => ({ path, sha256: `sha256:${sha(path)}`, size: 1, blob: String(i), mode: 0o644 })),
-    sideEffects: {},
-  } as unknown as ChangesetMeta;
-  return changesetStatement({
-    cs: { spec: {}, status: {} } as unknown as Changeset,
-    meta,
-    base: { mode: 'sha256', paths: ['/work'], files: fingerprints, takenAt: '2026-12-07T00:00:00Z' } as never,
-    appliedAt: '2026-12-07T00:00:01Z',
-  });
-}
+const statement = (paths: string[], fingerprints: Record<string, string>) =>
+  statementOf({ staged: paths.map((path) => ({ path, sha256: `sha256:${sha(path)}` })), base: fingerprints });
 
 describe('changeset provenance Statement', () => {
   it('base digests in code-unit order, sha256 ones as digest sets, anything else as an annotated fingerprint', () => {

@@ -3,9 +3,7 @@
 // 64-element batch edge, big arrays nested in big arrays, and text that JSON must escape.
 import { expect } from 'chai';
 import { jsonBytes } from '../../../controllers/common/jsonbytes.js';
-import { changesetStatement } from '../../../controllers/changeset/provenance.js';
-import type { ChangesetMeta } from '../../../controllers/changeset/meta.js';
-import type { Changeset } from '../../../apis/zz_generated.types.js';
+import { statementOf } from '../../support/changeset-statement.js';
 
 function same(v: unknown, what: string): void {
   const want = Buffer.from(JSON.stringify(v));
@@ -69,34 +67,12 @@ describe('jsonBytes: JSON.stringify bytes built in batches', () => {
     const staged = Array.from({ length: 1000 }, (_, i) => ({
       path: `/work/src/file-${i}.ts`,
       sha256: 'sha256:' + i.toString(16).padStart(64, '0'),
-      size: 10,
-      blob: String(i).padStart(6, '0'),
-      mode: 0o644,
     }));
-    const meta = {
-      uid: 'u',
-      namespace: 'ns',
-      name: 'cs',
-      sandbox: { name: 'dev', uid: 's' },
-      command: ['make'],
-      paths: ['/work'],
-      runVia: 'workspace-copy',
-      layered: true,
-      exitCode: 0,
-      changes: { added: [], modified: staged.map((e) => e.path), deleted: ['/work/gone'] },
+    const st = statementOf({
       staged,
+      base: Object.fromEntries(staged.map((e) => [e.path, e.sha256])),
+      deleted: ['/work/gone'],
       sideEffects: { egress: 'none', network: 'none', measured: true, contacted: [], held: [] },
-    } as unknown as ChangesetMeta;
-    const st = changesetStatement({
-      cs: { spec: {}, status: { startedAt: '2026-12-07T09:00:00Z' } } as unknown as Changeset,
-      meta,
-      base: {
-        mode: 'sha256',
-        paths: ['/work'],
-        files: Object.fromEntries(staged.map((e) => [e.path, e.sha256])),
-        takenAt: '2026-12-07T08:59:59Z',
-      } as never,
-      appliedAt: '2026-12-07T09:00:01Z',
     });
     same(st, 'statement');
   });
