@@ -4,14 +4,12 @@
 import {
   copyFileSync,
   existsSync,
-  linkSync,
   mkdirSync,
   readdirSync,
   readFileSync,
   readlinkSync,
   renameSync,
   symlinkSync,
-  unlinkSync,
   writeFileSync,
 } from 'node:fs';
 import { createHash } from 'node:crypto';
@@ -51,20 +49,13 @@ export function etcDir(pb: ProcboxCore, hostname: string, nameserver?: string): 
   }
   writeFileSync(join(dir, 'resolv.conf'), (nameserver ? `nameserver ${nameserver}` : resolv) + '\n');
   // Debian's alternatives (awk, editor, ...) are symlinks below /etc into /usr: copy the
-  // links (never their targets' directories) so the commands resolve inside. A hard link to the
-  // host's symlink where both are on one file system (link(2) does not follow a symlink): 400
-  // new symlinks cost 40-80 ms of the event loop here, 400 links 5 ms, and every new etc dir
-  // (each allowList link's, each hostname's) pays it. Else, or when the link's target is not
-  // the one checked (replaced meanwhile), a new symlink to the checked target.
+  // links (never their targets' directories) so the commands resolve inside.
   mkdirSync(join(dir, 'alternatives'), { recursive: true });
   const alts = existsSync('/etc/alternatives') ? readdirSync('/etc/alternatives') : [];
   for (const n of alts) {
-    const src = join('/etc/alternatives', n);
-    const dst = join(dir, 'alternatives', n);
     try {
-      const t = readlinkSync(src);
-      if (!/^\/(usr|bin|sbin|lib)/.test(t)) continue;
-      if (!linkedSymlink(src, dst, t)) symlinkSync(t, dst);
+      const t = readlinkSync(join('/etc/alternatives', n));
+      if (/^\/(usr|bin|sbin|lib)/.test(t)) symlinkSync(t, join(dir, 'alternatives', n));
     } catch {
       // not a symlink (README), or already there
     }
@@ -72,18 +63,6 @@ export function etcDir(pb: ProcboxCore, hostname: string, nameserver?: string): 
   if (existsSync(HOST_CA_BUNDLE)) copyFileSync(HOST_CA_BUNDLE, join(dir, 'ssl', 'certs', 'ca-certificates.crt'));
   writeFileSync(join(dir, '.complete'), '');
   return dir;
-}
-
-/** Hard-links the symlink `src` at `dst` when it points at `target`; false (nothing left at `dst`) otherwise. */
-function linkedSymlink(src: string, dst: string, target: string): boolean {
-  try {
-    linkSync(src, dst);
-  } catch {
-    return false; // another file system (EXDEV), a link limit, ...: the caller makes a symlink
-  }
-  if (readlinkSync(dst) === target) return true;
-  unlinkSync(dst);
-  return false;
 }
 
 /** Writes the helper CONFIG of a sandbox to its init.conf (remount, attach read it). */
