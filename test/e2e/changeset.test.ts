@@ -17,6 +17,7 @@ import {
   skipWith,
   subPath,
 } from './sandbox-helpers.js';
+import { eventsUntil } from './event-waits.js';
 
 const csPath = (name: string, sub: string) => `/apis/fluxvm.dev/v1alpha1/namespaces/default/changesets/${name}/${sub}`;
 
@@ -59,13 +60,6 @@ async function decide(fx: Fluxctl, name: string, spec: Record<string, unknown>):
     headers: { 'content-type': 'application/merge-patch+json' },
   });
   expect(r.status, r.body.toString()).to.equal(200);
-}
-
-async function events(fx: Fluxctl, name: string): Promise<any[]> {
-  const l = JSON.parse(
-    await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']),
-  );
-  return l.items;
 }
 
 describe('e2e: changesets (speculate, review, approve, apply)', function () {
@@ -166,12 +160,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
       expect('sha256:' + h[0], s.path).to.equal(s.sha256);
       expect(parseInt(h[1]!, 8), s.path).to.equal(s.mode);
     }
-    await eventually(
-      async () => {
-        const reasons = (await events(fx, 'build')).map((e) => e.reason);
-        return ['Created', 'Approved', 'Applied'].every((r) => reasons.includes(r));
-      },
-      10_000,
+    await eventsUntil(
+      fx,
+      'involvedObject.name=build',
+      (items) => ['Created', 'Approved', 'Applied'].every((r) => items.some((e) => e.reason === r)),
       'Created, Approved and Applied events',
     );
     expect((await api(fx, 'GET', csPath('build', 'diff'))).status).to.equal(410);
@@ -192,9 +184,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     expect(c.message).to.include('/work/src/main.c');
     expect(cs.status.conflicts).to.deep.equal(['/work/src/main.c']);
     expect((await exec(fx, 'app', 'test -e /work/gen.txt; echo $?; cat /work/README')).stdout).to.equal('1\ndoc\n');
-    const ev = await eventually(
-      async () => (await events(fx, 'conf')).find((e) => e.reason === 'Conflict'),
-      10_000,
+    const [ev] = await eventsUntil(
+      fx,
+      'involvedObject.name=conf,reason=Conflict',
+      (items) => items.length > 0,
       'Conflict event',
     );
     expect(ev.message).to.match(/1 file changed/);
@@ -312,9 +305,10 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     );
     expect(after.status.phase).to.equal('Approved');
     expect(after.status.conditions.find((c: any) => c.type === 'NotApplicable').message).to.match(/cannot be applied/);
-    await eventually(
-      async () => (await events(fx, 'caps')).some((e) => e.reason === 'NotApplicable'),
-      10_000,
+    await eventsUntil(
+      fx,
+      'involvedObject.name=caps,reason=NotApplicable',
+      (items) => items.length > 0,
       'NotApplicable event',
     );
     expect((await exec(fx, 'app', 'ls /work/at-cap.bin /work/over-cap.bin 2>&1; true')).stdout).to.match(
@@ -337,11 +331,7 @@ describe('e2e: changesets (speculate, review, approve, apply)', function () {
     const cs = await waitPhase(fx, 'short', 'Expired');
     const dir = `${fx.stateDir}/changesets/${cs.metadata.uid}`;
     expect(!existsSync(dir) || readdirSync(`${dir}/blobs`).length === 0).to.equal(true);
-    await eventually(
-      async () => (await events(fx, 'short')).some((e) => e.reason === 'Expired'),
-      10_000,
-      'Expired event',
-    );
+    await eventsUntil(fx, 'involvedObject.name=short,reason=Expired', (items) => items.length > 0, 'Expired event');
   });
 
   it('isolation: with network none a speculation cannot reach a host listener, and it cannot see or change another sandbox', async () => {
@@ -423,9 +413,10 @@ describe('e2e: changesets across a server crash, and retention', function () {
     expect(written).to.be.within(5, 59);
     const cs = await waitPhase(fx, 'many', 'Failed');
     expect(cs.status.message).to.match(/did not finish/);
-    const failed = await eventually(
-      async () => (await events(fx, 'many')).find((e) => e.reason === 'Failed'),
-      10_000,
+    const [failed] = await eventsUntil(
+      fx,
+      'involvedObject.name=many,reason=Failed',
+      (items) => items.length > 0,
       'Failed event',
     );
     expect(failed.message).to.match(/did not finish/);

@@ -3,11 +3,13 @@
 import type { Fluxctl } from './harness.js';
 import { eventually, kubectlOk } from './sandbox-helpers.js';
 
-/**
- * The Events `kubectl get events -n namespace --field-selector selector` lists once `want(items)` holds (Events are
- * written after the status a test waits on, so the one a test expects may come a moment later); fails after
- * `timeoutMs` with the reasons it last saw.
- */
+/** The Events `kubectl get events -n namespace --field-selector selector -o json` lists now. */
+export async function eventsOf(fx: Fluxctl, selector: string, namespace = 'default'): Promise<any[]> {
+  return JSON.parse(await kubectlOk(fx, ['get', 'events', '-n', namespace, '--field-selector', selector, '-o', 'json']))
+    .items;
+}
+
+/** The Events `eventsOf` lists once `want(items)` holds; fails after `timeoutMs` with the reasons it last saw. */
 export async function eventsUntil(
   fx: Fluxctl,
   selector: string,
@@ -18,8 +20,7 @@ export async function eventsUntil(
   let last: any[] = [];
   return eventually(
     async () => {
-      const out = await kubectlOk(fx, ['get', 'events', '-n', namespace, '--field-selector', selector, '-o', 'json']);
-      last = JSON.parse(out).items;
+      last = await eventsOf(fx, selector, namespace);
       return want(last) ? last : undefined;
     },
     timeoutMs,
@@ -29,10 +30,7 @@ export async function eventsUntil(
   });
 }
 
-/**
- * `kubectl describe` of `what` once its text matches every pattern (Events are written after the status a test
- * waits on, so the one a test expects may come a moment later); fails after 10 s with the last text.
- */
+/** `kubectl describe` of `what` once its text matches every pattern; fails after 10 s with the last text. */
 export async function describedWith(fx: Fluxctl, what: string[], ...patterns: RegExp[]): Promise<string> {
   let last = '';
   return eventually(

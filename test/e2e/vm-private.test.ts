@@ -29,7 +29,7 @@ import { join } from 'node:path';
 import { qemuInstalled } from '../../native/vm/qemu.js';
 import { fluxctlCommand, REPO, startFluxctl, type Fluxctl } from './harness.js';
 import { eventually, kubectlOk, sandboxSkipReason, sandboxYaml, skipWith } from './sandbox-helpers.js';
-import { eventsUntil } from './event-waits.js';
+import { eventsOf, eventsUntil } from './event-waits.js';
 
 /** QEMU processes that run below `dir` (QEMU's cwd is the VM state directory). */
 function qemuBelow(dir: string): number[] {
@@ -99,12 +99,6 @@ const cond = (o: any, type: string) => o.status?.conditions?.find((c: any) => c.
 
 async function sandbox(fx: Fluxctl, name: string): Promise<any> {
   return JSON.parse(await kubectlOk(fx, ['get', 'sbx', name, '-o', 'json']));
-}
-
-async function events(fx: Fluxctl, name: string): Promise<any[]> {
-  return JSON.parse(
-    await kubectlOk(fx, ['get', 'events', '--field-selector', `involvedObject.name=${name}`, '-o', 'json']),
-  ).items;
 }
 
 describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that cannot start; spec.image', function () {
@@ -182,11 +176,13 @@ describe('e2e: vm sandboxes from a checkout in a private directory; a QEMU that 
       const t0 = Date.now();
       process.kill(pid, 'SIGKILL');
       const ev = await eventually(
-        async () => (await events(fx!, 'priv1')).find((e) => e.reason === 'Restarted'),
+        async () => (await eventsOf(fx!, 'involvedObject.name=priv1')).find((e) => e.reason === 'Restarted'),
         20_000,
         'a Restarted Event',
       ).catch(async (e: Error) => {
-        const seen = (await events(fx!, 'priv1')).map((x) => `${x.type}/${x.reason}: ${x.message}`);
+        const seen = (await eventsOf(fx!, 'involvedObject.name=priv1')).map(
+          (x) => `${x.type}/${x.reason}: ${x.message}`,
+        );
         throw new Error(`${e.message}\nevents: ${seen.join('\n')}\n${fx!.logs().slice(-3000)}`);
       });
       const ms = Date.now() - t0;
