@@ -1,7 +1,7 @@
 // Provenance's performance line: provenance signing costs at most 2 ms per Changeset. Measured in
 // process, the way the Changeset reconciler records it before its Applied status
 // (controllers/changeset/provenance.ts ChangesetProvenance.record without the Sandbox GET):
-// build the in-toto Statement, sign it (DSSE, Ed25519, node:crypto), and write the envelope
+// build the in-toto Statement's JSON text, sign it (DSSE, Ed25519, node:crypto), and write the envelope
 // (0600 temp file, fsync, rename, directory fsync). Three sizes of change (files written, base
 // digests); the signature alone beside it; a real base.json read for each record.
 //   npx tsx bench/provenance.ts [--records N]
@@ -9,7 +9,7 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import type { Changeset } from '../apis/zz_generated.types.js';
-import { changesetStatement } from '../controllers/changeset/provenance.js';
+import { changesetStatementJson } from '../controllers/changeset/provenance.js';
 import type { ChangesetMeta } from '../controllers/changeset/meta.js';
 import { ProvenanceSigner, signStatement } from '../controllers/common/provenance.js';
 import { readStagedBase, writeFileAtomic } from '../native/workspace/index.js';
@@ -53,7 +53,7 @@ const fmt = (x: number) => x.toFixed(3);
 async function main() {
   const dir = mkdtempSync(join(tmpdir(), 'fluxvm-bench-prov-'));
   const lines = [
-    `${RECORDS} records per size; each: base.json read and the Statement built (build), its JSON DSSE-signed (Ed25519) into the stored envelope (sign), the envelope written with fsync + rename (+ directory fsync)`,
+    `${RECORDS} records per size; each: base.json read and the Statement built as its JSON text (build), DSSE-signed (Ed25519) into the stored envelope (sign), the envelope written with fsync + rename (+ directory fsync)`,
     '',
     '| files written (= base digests) | build ms p50 | sign ms p50 / p99 | build + sign p50 (the 2 ms target) | durable write ms p50 / p99 | all p50 | envelope bytes | target |',
     '|---|---|---|---|---|---|---|---|',
@@ -81,7 +81,7 @@ async function main() {
       for (let i = 0; i < RECORDS; i++) {
         const file = join(csDir, `provenance-${i}.json`);
         const t0 = process.hrtime.bigint();
-        const st = changesetStatement({
+        const st = changesetStatementJson({
           cs,
           meta,
           base: await readStagedBase(csDir),

@@ -26,6 +26,7 @@ import {
   digestSet,
   SLSA_PROVENANCE_V1,
   STATEMENT_TYPE,
+  statementBytes,
   subjectsOf,
   summaryOf,
   writeSignedStatement,
@@ -122,7 +123,7 @@ export async function recordPromote(
   const dir = dirOf(d, i.parent.uid);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const s = await writeSignedStatement(join(dir, `${i.checkpoint}.json`), d.provenanceSigner, () =>
-    promoteStatement(i),
+    statementBytes(promoteStatement(i)),
   );
   return { name: i.checkpoint, ...s };
 }

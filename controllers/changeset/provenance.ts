@@ -24,17 +24,17 @@ import { respond } from '../../runtime/apiserver/http/subresources.js';
 import { getIfExists, type Client } from '../../runtime/client/client.js';
 import { errors, StatusError } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
+import { jsonBytes, JsonArrayText, jsonString } from '../common/jsonbytes.js';
 import {
   BUILDER_ID,
-  digestSet,
+  sha256Hex,
   SLSA_PROVENANCE_V1,
   STATEMENT_TYPE,
-  subjectsOf,
+  subjectsText,
   writeSignedStatement,
   type ProvenanceSigner,
   type ProvenanceSummary,
-  type ResourceDescriptor,
-  type Statement,
+  type StatementBytes,
 } from '../common/provenance.js';
 import { changesetsGVR, stagingDir } from './helpers.js';
 import type { ChangesetMeta } from './meta.js';
@@ -51,33 +51,28 @@ export interface ChangesetStatementInput {
   appliedAt: string;
 }
 
-/** The Statement of an applied changeset (see the head of this file). Pure. */
-export function changesetStatement(i: ChangesetStatementInput): Statement {
+/**
+ * The Statement of an applied changeset (see the head of this file) as the JSON text it is
+ * signed as. Pure. The two long lists (subjects and base dependencies, one per file) are
+ * written as text, each element checked against JSON.stringify of its object by
+ * test/controllers/changeset/statement.test.ts.
+ */
+export function changesetStatementJson(i: ChangesetStatementInput): StatementBytes {
   const { cs, meta } = i;
   const ns = meta.namespace;
-  const deps: ResourceDescriptor[] = [];
-  const files = i.base?.files ?? {};
-  const paths = Object.keys(files).sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
-  const uriOf = `fluxvm:${ns}/sandboxes/${meta.sandbox.name}`;
-  for (const path of paths) {
-    const fp = files[path]!;
-    const digest = digestSet(fp);
-    const uri = path.startsWith('/') ? uriOf + path : `${uriOf}/${path}`;
-    // One object literal per form (no spread): 1,000 of them for a 1,000-file record.
-    deps.push(digest ? { name: path, uri, digest } : { name: path, uri, annotations: { fingerprint: fp } });
-  }
   const runtime = i.sandbox?.runtime ?? 'procbox';
+  const deps = baseDependencies(i.base?.files ?? {}, `fluxvm:${ns}/sandboxes/${meta.sandbox.name}`);
   deps.push(
-    i.sandbox?.image
-      ? { name: 'image', uri: `fluxvm:image/${i.sandbox.image}`, annotations: { runtime } }
-      : { name: 'runtime', uri: `fluxvm:runtime/${runtime}`, annotations: { runtime } },
-  );
-  return {
-    _type: STATEMENT_TYPE,
-    subject: subjectsOf(
-      meta.staged.map((e) => ({ path: e.path, sha256: e.sha256 })),
-      meta.changes.deleted,
+    JSON.stringify(
+      i.sandbox?.image
+        ? { name: 'image', uri: `fluxvm:image/${i.sandbox.image}`, annotations: { runtime } }
+        : { name: 'runtime', uri: `fluxvm:runtime/${runtime}`, annotations: { runtime } },
     ),
+  );
+  const subject = subjectsText(meta.staged, meta.changes.deleted);
+  const statement = {
+    _type: STATEMENT_TYPE,
+    subject,
     predicateType: SLSA_PROVENANCE_V1,
     predicate: {
       buildDefinition: {
@@ -111,6 +106,42 @@ export function changesetStatement(i: ChangesetStatementInput): Statement {
       },
     },
   };
+  return {
+    json: jsonBytes(statement),
+    predicateType: SLSA_PROVENANCE_V1,
+    subjects: subject.length,
+    finishedOn: i.appliedAt,
+  };
+}
+
+/**
+ * base.json's files as resolvedDependencies, in code-unit order of their paths: `{name: path,
+ * uri: <uriOf><path>, digest: {sha256}}`, or `annotations: {fingerprint}` in place of the digest
+ * when the fingerprint is not `sha256:<64 hex>` (never passed off as a digest).
+ */
+function baseDependencies(files: Record<string, unknown>, uriOf: string): JsonArrayText {
+  let paths = Object.keys(files);
+  for (let k = 1; k < paths.length; k++)
+    if (paths[k - 1]! > paths[k]!) {
+      paths = paths.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+      break;
+    }
+  // The uri's text is the prefix's and the name's joined: JSON escapes character by character,
+  // and the prefix (a namespace and a sandbox name) ends in ASCII, so no surrogate pair spans it.
+  const prefix = JSON.stringify(uriOf).slice(0, -1);
+  const out = new JsonArrayText();
+  for (const path of paths) {
+    const fp = files[path];
+    const name = jsonString(path);
+    const head = `{"name":${name},"uri":${prefix}${path.startsWith('/') ? '' : '/'}${name.slice(1)}`;
+    const hex = sha256Hex(fp);
+    out.push(
+      hex !== undefined
+        ? `${head},"digest":{"sha256":"${hex}"}}`
+        : `${head},"annotations":{"fingerprint":${JSON.stringify(fp)}}}`,
+    );
+  }
+  return out;
 }
 
 /** Records the provenance of applied changesets (the reconciler calls `record` before its Applied status write). */
@@ -131,7 +162,7 @@ export class ChangesetProvenance {
         () => undefined,
       );
       const same = sbx?.metadata?.uid === meta.sandbox.uid ? sbx : undefined;
-      return changesetStatement({
+      return changesetStatementJson({
         cs,
         meta,
         base,

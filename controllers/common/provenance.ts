@@ -9,7 +9,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import { readFile } from 'node:fs/promises';
 import { writeFileAtomic } from '../../native/workspace/atomic.js';
 import { IN_TOTO_PAYLOAD_TYPE, loadOrCreateSigner, type DsseEnvelope, type DsseSigner } from './dsse.js';
-import { jsonBytes } from './jsonbytes.js';
+import { jsonBytes, JsonArrayText, jsonString } from './jsonbytes.js';
 
 export const STATEMENT_TYPE = 'https://in-toto.io/Statement/v1';
 export const SLSA_PROVENANCE_V1 = 'https://slsa.dev/provenance/v1';
@@ -34,6 +34,27 @@ export interface Statement {
   predicate: Record<string, unknown>;
 }
 
+/** A Statement's JSON text as it is signed, and what a summary of its record names. */
+export interface StatementBytes {
+  json: Buffer;
+  predicateType: string;
+  /** How many subjects it has. */
+  subjects: number;
+  /** Its runDetails.metadata.finishedOn. */
+  finishedOn: string;
+}
+
+/** The StatementBytes of a Statement object. */
+export function statementBytes(st: Statement): StatementBytes {
+  return { json: jsonBytes(st), ...namedBy(st) };
+}
+
+/** What a summary names of a Statement object. */
+function namedBy(st: Statement): Omit<StatementBytes, 'json'> {
+  const meta = (st.predicate?.runDetails as { metadata?: { finishedOn?: string } } | undefined)?.metadata;
+  return { predicateType: st.predicateType, subjects: st.subject.length, finishedOn: meta?.finishedOn ?? '' };
+}
+
 /** What status says of a stored record (Changeset status.provenance). */
 export interface ProvenanceSummary {
   predicateType: string;
@@ -43,34 +64,54 @@ export interface ProvenanceSummary {
   signedAt: string;
 }
 
+/** The hex of a `sha256:<64 lowercase hex>` fingerprint, or undefined for any other value. Pure. */
+export function sha256Hex(fingerprint: unknown): string | undefined {
+  // The length, then `+`: twice as fast as `{64}` (2,000 calls for a 1,000-file record); test +
+  // slice, not exec: no match array per call. (`$` is the end of the input: no flag m.)
+  return typeof fingerprint === 'string' && fingerprint.length === 71 && SHA256_FP.test(fingerprint)
+    ? fingerprint.slice(7)
+    : undefined;
+}
+const SHA256_FP = /^sha256:[0-9a-f]+$/;
+
 /** `sha256:<hex>` as an in-toto digest set, or undefined for any other form. Pure. */
 export function digestSet(fingerprint: string | undefined): Record<string, string> | undefined {
-  // test + slice, not exec: no match array per file (2,000 calls for a 1,000-file record).
-  return fingerprint !== undefined && SHA256_FP.test(fingerprint) ? { sha256: fingerprint.slice(7) } : undefined;
+  const hex = sha256Hex(fingerprint);
+  return hex === undefined ? undefined : { sha256: hex };
 }
-const SHA256_FP = /^sha256:[0-9a-f]{64}$/;
 
 /**
- * The subjects of a record: one per file written (name = its path, digest its sha256), sorted by
- * name. A change that wrote no file (deletions only) still has one subject, as in-toto requires a
- * non-empty list: `fluxvm:deleted`, whose digest is the sha256 of the JSON list of deleted paths.
+ * The subjects of a record as JSON text: one per file written (name = its path, digest its
+ * sha256), in code-unit order of the names. A change that wrote no file (deletions only) still
+ * has one subject, as in-toto requires a non-empty list: `fluxvm:deleted`, whose digest is the
+ * sha256 of the JSON list of deleted paths.
  */
-export function subjectsOf(written: Array<{ path: string; sha256: string }>, deleted: string[]): ResourceDescriptor[] {
-  const out: ResourceDescriptor[] = [];
-  for (const w of [...written].sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0))) {
-    const digest = digestSet(w.sha256);
-    if (digest) out.push({ name: w.path, digest });
+export function subjectsText(written: Array<{ path: string; sha256: string }>, deleted: string[]): JsonArrayText {
+  const out = new JsonArrayText();
+  for (const w of inPathOrder(written)) {
+    const hex = sha256Hex(w.sha256);
+    if (hex !== undefined) out.push(`{"name":${jsonString(w.path)},"digest":{"sha256":"${hex}"}}`);
   }
-  if (out.length === 0)
-    out.push({
-      name: 'fluxvm:deleted',
-      digest: {
-        sha256: createHash('sha256')
-          .update(JSON.stringify([...deleted].sort()))
-          .digest('hex'),
-      },
-    });
+  if (out.length === 0) {
+    const hex = createHash('sha256')
+      .update(JSON.stringify([...deleted].sort()))
+      .digest('hex');
+    out.push(`{"name":"fluxvm:deleted","digest":{"sha256":"${hex}"}}`);
+  }
   return out;
+}
+
+/** subjectsText as objects. */
+export function subjectsOf(written: Array<{ path: string; sha256: string }>, deleted: string[]): ResourceDescriptor[] {
+  return subjectsText(written, deleted).toJSON() as ResourceDescriptor[];
+}
+
+/** `items` in code-unit order of their paths: as given when they are (the usual case), else a sorted copy. */
+function inPathOrder<T extends { path: string }>(items: T[]): T[] {
+  for (let k = 1; k < items.length; k++)
+    if (items[k - 1]!.path > items[k]!.path)
+      return [...items].sort((a, b) => (a.path < b.path ? -1 : a.path > b.path ? 1 : 0));
+  return items;
 }
 
 /** The server's signer, loaded (or created) once on first use. */
@@ -88,7 +129,7 @@ export class ProvenanceSigner {
 export function summaryOf(bytes: Buffer): ProvenanceSummary {
   const env = JSON.parse(bytes.toString('utf8')) as DsseEnvelope;
   const st = JSON.parse(Buffer.from(env.payload, 'base64').toString('utf8')) as Statement;
-  return summaryOfSigned(st, env.signatures[0]?.keyid ?? '', bytes);
+  return summaryOfSigned(namedBy(st), env.signatures[0]?.keyid ?? '', bytes);
 }
 
 /**
@@ -99,7 +140,7 @@ export function summaryOf(bytes: Buffer): ProvenanceSummary {
 export async function writeSignedStatement(
   file: string,
   signer: ProvenanceSigner,
-  statement: () => Promise<Statement> | Statement,
+  statement: () => Promise<StatementBytes> | StatementBytes,
 ): Promise<ProvenanceSummary> {
   const existing = await readFile(file).catch((e: NodeJS.ErrnoException) => {
     if (e.code === 'ENOENT') return undefined;
@@ -120,19 +161,18 @@ export async function writeSignedStatement(
 }
 
 /** The stored envelope of `st` signed by `s` (the bytes writeSignedStatement writes; the bench times this). */
-export function signStatement(s: DsseSigner, st: Statement): Buffer {
-  return s.signToJson(jsonBytes(st));
+export function signStatement(s: DsseSigner, st: StatementBytes): Buffer {
+  return s.signToJson(st.json);
 }
 
 /** summaryOf(bytes) for bytes just signed from `st`: the same fields, without parsing them back. */
-export function summaryOfSigned(st: Statement, keyid: string, bytes: Buffer): ProvenanceSummary {
-  const meta = (st.predicate?.runDetails as { metadata?: { finishedOn?: string } } | undefined)?.metadata;
+export function summaryOfSigned(st: Omit<StatementBytes, 'json'>, keyid: string, bytes: Buffer): ProvenanceSummary {
   return {
     predicateType: st.predicateType,
     keyid,
     digest: 'sha256:' + createHash('sha256').update(bytes).digest('hex'),
-    subjects: st.subject.length,
-    signedAt: meta?.finishedOn ?? '',
+    subjects: st.subjects,
+    signedAt: st.finishedOn,
   };
 }
 

@@ -1,18 +1,26 @@
 // The provenance Statement of an applied changeset, built from a minimal ChangesetMeta and base.json
-// (controllers/changeset/provenance.ts changesetStatement): for the tests of the Statement and of its JSON.
+// (controllers/changeset/provenance.ts changesetStatementJson, parsed): for the tests of the Statement and of its JSON.
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import type { ChangesetMeta } from '../../controllers/changeset/meta.js';
-import { changesetStatement } from '../../controllers/changeset/provenance.js';
+import { changesetStatementJson } from '../../controllers/changeset/provenance.js';
 import type { Statement } from '../../controllers/common/provenance.js';
 
-export function statementOf(o: {
+export interface StatementOfInput {
   /** The files written, each with its `sha256:<hex>` digest. */
   staged: Array<{ path: string; sha256: string }>;
   /** base.json's files (path -> fingerprint); absent: no base.json. */
-  base?: Record<string, string>;
+  base?: Record<string, unknown>;
   deleted?: string[];
   sideEffects?: Record<string, unknown>;
-}): Statement {
+}
+
+/** The Statement as signed (its JSON text), parsed back. */
+export function statementOf(o: StatementOfInput): Statement {
+  return JSON.parse(statementJsonOf(o).toString('utf8')) as Statement;
+}
+
+/** The Statement's JSON text, as signed. */
+export function statementJsonOf(o: StatementOfInput): Buffer {
   const meta = {
     uid: 'cs-uid',
     namespace: 'team',
@@ -27,10 +35,10 @@ export function statementOf(o: {
     staged: o.staged.map((e, i) => ({ ...e, size: 10, blob: String(i).padStart(6, '0'), mode: 0o644 })),
     sideEffects: o.sideEffects ?? {},
   } as unknown as ChangesetMeta;
-  return changesetStatement({
+  return changesetStatementJson({
     cs: { spec: {}, status: { startedAt: '2026-12-07T09:00:00Z' } } as unknown as Changeset,
     meta,
     base: o.base && ({ mode: 'sha256', paths: ['/work'], files: o.base, takenAt: '2026-12-07T08:59:59Z' } as never),
     appliedAt: '2026-12-07T09:00:01Z',
-  });
+  }).json;
 }

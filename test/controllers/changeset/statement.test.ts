@@ -1,10 +1,12 @@
 // The Statement of an applied changeset, built from its meta and base.json (pure): the base
 // digests are listed in code-unit order whatever order base.json has them in, each as a digest
 // set when it is `sha256:<64 hex>` and as an annotated fingerprint otherwise, and the subjects
-// are the files written in the same order.
+// are the files written in the same order. The long lists are written as text by hand
+// (controllers/changeset/provenance.ts): their text is what JSON.stringify writes, for any name a
+// sandbox can give a file and any value a damaged base.json can hold.
 import { expect } from 'chai';
 import { createHash } from 'node:crypto';
-import { statementOf } from '../../support/changeset-statement.js';
+import { statementJsonOf, statementOf } from '../../support/changeset-statement.js';
 
 const hex = (c: string) => c.repeat(64);
 const sha = (p: string) => createHash('sha256').update(p).digest('hex');
@@ -49,5 +51,63 @@ describe('changeset provenance Statement', () => {
     expect(JSON.stringify(a.subject)).to.equal(JSON.stringify(b.subject));
     expect(JSON.stringify(a.predicate)).to.equal(JSON.stringify(b.predicate));
     expect(a.subject.map((s) => s.name)).to.deep.equal(sorted);
+  });
+
+  it("the text is JSON.stringify's for hostile names (quotes, controls, lone surrogates, U+2028) and odd fingerprints", () => {
+    const odd = [
+      '"',
+      '\\',
+      '\n',
+      '\u0000',
+      '\u001f',
+      '\u007f',
+      '\ud800',
+      '\udfff',
+      '\ud83d\ude00',
+      '\u2028',
+      'é',
+      '漢',
+      '}',
+      ',{"',
+    ];
+    const paths: string[] = [];
+    for (let i = 0; i < 200; i++) {
+      const p = `${i % 5 === 0 ? 'rel' : '/work'}/${odd[i % odd.length]}${i}${odd[(i * 7) % odd.length]}`;
+      paths.push(i % 3 === 0 ? `${p}\ud800` : p);
+    }
+    // fingerprints: sha256 ones, and what is not one (malformed, another scheme, not a string at all)
+    const fps: unknown[] = [
+      `sha256:${hex('e')}`,
+      'stat:1:2',
+      `sha256:${hex('E')}`,
+      7,
+      null,
+      { x: '\ud800' },
+      ['a'],
+      true,
+    ];
+    const base = Object.fromEntries(paths.map((p, i) => [p, fps[i % fps.length]]));
+    const staged = paths.map((path) => ({ path, sha256: `sha256:${sha(path)}` }));
+    const text = statementJsonOf({ staged, base }).toString('utf8');
+    const st = JSON.parse(text) as ReturnType<typeof statementOf>;
+    expect(text).to.equal(JSON.stringify(st)); // canonical: as JSON.stringify writes the parsed value
+    const sorted = [...paths].sort();
+    const deps = (st.predicate as { buildDefinition: { resolvedDependencies: unknown[] } }).buildDefinition
+      .resolvedDependencies;
+    expect(deps.slice(0, -1)).to.deep.equal(
+      sorted.map((p) => {
+        const fp = base[p];
+        const uri = `fluxvm:team/sandboxes/dev${p.startsWith('/') ? '' : '/'}${p}`;
+        return fp === fps[0]
+          ? { name: p, uri, digest: { sha256: hex('e') } }
+          : { name: p, uri, annotations: { fingerprint: fp } };
+      }),
+    );
+    expect(st.subject).to.deep.equal(sorted.map((p) => ({ name: p, digest: { sha256: sha(p) } })));
+  });
+
+  it('deletions only: one subject, fluxvm:deleted, the sha256 of the sorted deleted paths', () => {
+    const st = statementOf({ staged: [], deleted: ['/work/b', '/work/a'] });
+    expect(st.subject).to.deep.equal([{ name: 'fluxvm:deleted', digest: { sha256: sha('["/work/a","/work/b"]') } }]);
   });
 });

@@ -2,7 +2,7 @@
 // what a Statement holds and for the corners of JSON.stringify's rules, with arrays around the
 // 64-element batch edge, big arrays nested in big arrays, and text that JSON must escape.
 import { expect } from 'chai';
-import { jsonBytes } from '../../../controllers/common/jsonbytes.js';
+import { JsonArrayText, jsonBytes, jsonString } from '../../../controllers/common/jsonbytes.js';
 import { statementOf } from '../../support/changeset-statement.js';
 
 function same(v: unknown, what: string): void {
@@ -80,5 +80,28 @@ describe('jsonBytes: JSON.stringify bytes built in batches', () => {
   it('refuses what has no JSON text, as JSON.stringify returns undefined for it', () => {
     expect(() => jsonBytes(undefined)).to.throw(TypeError);
     expect(() => jsonBytes(() => 1)).to.throw(TypeError);
+  });
+
+  it('JsonArrayText: its elements written as pushed, at, one under and one past each batch edge; JSON.stringify sees the array', () => {
+    for (const n of [0, 1, 63, 64, 65, 127, 128, 129, 1000]) {
+      const values = Array.from({ length: n }, (_, i) => ({ i, s: `"\\${String.fromCharCode(i % 32)}é\ud800` }));
+      const text = new JsonArrayText();
+      for (const v of values) text.push(JSON.stringify(v));
+      expect(text.length).to.equal(n);
+      const whole = { head: 1, list: text, tail: [text] };
+      const want = JSON.stringify({ head: 1, list: values, tail: [values] });
+      expect(jsonBytes(whole).toString(), `${n} elements`).to.equal(want);
+      expect(JSON.stringify(whole), `${n} elements, toJSON`).to.equal(want);
+      expect(text.batches().every((b) => b.split('},{').length <= 64)).to.equal(true);
+    }
+  });
+
+  it('jsonString is JSON.stringify for every UTF-16 code unit, alone and inside text, and for surrogate pairs', () => {
+    for (let c = 0; c <= 0xffff; c++) {
+      const ch = String.fromCharCode(c);
+      for (const s of [ch, `/work/${ch}x`]) if (jsonString(s) !== JSON.stringify(s)) expect.fail(`U+${c.toString(16)}`);
+    }
+    for (const s of ['', '😀', '/a/😀\ud800', 'a\u2028b', 'plain/path.ts'])
+      expect(jsonString(s)).to.equal(JSON.stringify(s));
   });
 });
