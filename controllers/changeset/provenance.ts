@@ -144,34 +144,60 @@ function baseDependencies(files: Record<string, unknown>, uriOf: string): JsonAr
   return out;
 }
 
+/** What a changeset's record is built from besides its meta: base.json, the sandbox's runtime and image. */
+export interface RecordInputs {
+  base: Manifest | undefined;
+  sandbox: { runtime?: string; image?: string };
+}
+
 /** Records the provenance of applied changesets (the reconciler calls `record` before its Applied status write). */
 export class ChangesetProvenance {
   constructor(private readonly o: { client: Client; signer: ProvenanceSigner; now?: () => Date }) {}
 
   /**
-   * Writes `<dir>/provenance.json` unless it exists (idempotent: a pass after a crash finds it) and
-   * returns the summary for status.provenance.
+   * Starts reading a record's inputs on the event loop's next turn. The reconciler calls it as an
+   * apply starts, so that base.json's read and parse (0.3-0.5 ms at 1,000 files) and the Sandbox
+   * GET run while the apply's writes wait on the runtime, not after them. Never rejects: after a
+   * failure (undefined) `record` reads them again and fails with its own error.
    */
-  async record(cs: Changeset, meta: ChangesetMeta, dir: string): Promise<ProvenanceSummary> {
+  readSoon(meta: ChangesetMeta, dir: string): Promise<RecordInputs | undefined> {
+    return new Promise((resolve) => setImmediate(() => this.inputs(meta, dir).then(resolve, () => resolve(undefined))));
+  }
+
+  /**
+   * Writes `<dir>/provenance.json` unless it exists (idempotent: a pass after a crash finds it) and
+   * returns the summary for status.provenance. `early`: readSoon's inputs, read again when absent.
+   */
+  async record(
+    cs: Changeset,
+    meta: ChangesetMeta,
+    dir: string,
+    early?: Promise<RecordInputs | undefined>,
+  ): Promise<ProvenanceSummary> {
     return writeSignedStatement(`${dir}/${FILE}`, this.o.signer, async () => {
-      const base = await readStagedBase(dir).catch((e) => {
-        if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
-        throw e;
-      });
-      const sbx = await getIfExists<Sandbox>(this.o.client, sandboxesGVR, meta.namespace, meta.sandbox.name).catch(
-        () => undefined,
-      );
-      const same = sbx?.metadata?.uid === meta.sandbox.uid ? sbx : undefined;
+      const { base, sandbox } = (await early) ?? (await this.inputs(meta, dir));
       return changesetStatementJson({
         cs,
         meta,
         base,
-        sandbox: { runtime: same?.spec?.runtime, image: same?.spec?.image },
+        sandbox,
         appliedAt: (this.o.now ?? (() => new Date()))()
           .toISOString()
           .replace(/\.\d{3}Z$/, 'Z'),
       });
     });
+  }
+
+  private async inputs(meta: ChangesetMeta, dir: string): Promise<RecordInputs> {
+    const base = await readStagedBase(dir).catch((e) => {
+      if (e instanceof RuntimeError && e.code === 'NotFound') return undefined;
+      throw e;
+    });
+    const sbx = await getIfExists<Sandbox>(this.o.client, sandboxesGVR, meta.namespace, meta.sandbox.name).catch(
+      () => undefined,
+    );
+    const same = sbx?.metadata?.uid === meta.sandbox.uid ? sbx : undefined;
+    return { base, sandbox: { runtime: same?.spec?.runtime, image: same?.spec?.image } };
   }
 }
 

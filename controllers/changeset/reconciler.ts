@@ -51,7 +51,7 @@ import { isNotFound } from '../../runtime/meta/errors.js';
 import { sandboxesGVR } from '../common/kinds.js';
 import { applyToSandbox, clearApplyMarker, destroyCopy, readApplyMarker, realDrift, withFrozen } from './apply.js';
 import { applyRecovery, claimApply, ClaimRefused, orLost, STAGED_LOST, stateDirID } from './claim.js';
-import type { ChangesetProvenance } from './provenance.js';
+import type { ChangesetProvenance, RecordInputs } from './provenance.js';
 import {
   CHANGESET_FINALIZER,
   changesetsGVR,
@@ -485,7 +485,8 @@ export class ChangesetReconciler implements Reconciler {
     const drift = await this.drift(cs, meta);
     if ('done' in drift) return drift.done;
     if (drift.count > 0) return this.conflict(cs, drift, expires, now);
-    const applying = cs;
+    // The provenance record's inputs are read while the writes below wait on the runtime.
+    const inputs = this.o.provenance?.readSoon(meta, this.dir(cs));
     try {
       const gate = this.o.applyAfterFile;
       await applyToSandbox(this.o.runtime, meta, this.dir(cs), {
@@ -494,19 +495,19 @@ export class ChangesetReconciler implements Reconciler {
       });
     } catch (e) {
       return this.fail(
-        applying,
+        cs,
         'ApplyFailed',
         `apply failed: ${e instanceof Error ? e.message : String(e)}; the sandbox may hold part of the change`,
       );
     }
-    return this.applied(applying, meta);
+    return this.applied(cs, meta, inputs);
   }
 
-  private async applied(cs: Changeset, meta: ChangesetMeta): Promise<Result> {
+  private async applied(cs: Changeset, meta: ChangesetMeta, inputs?: Promise<RecordInputs | undefined>) {
     const msg = `applied to sandbox ${meta.sandbox.name}: ${files(meta.staged.length)} written, ${files(meta.changes.deleted.length)} deleted`;
     // The signed record is on disk before status says Applied (a crash before the status write:
     // the next pass finds it).
-    const provenance = await this.o.provenance?.record(cs, meta, this.dir(cs));
+    const provenance = await this.o.provenance?.record(cs, meta, this.dir(cs), inputs);
     return this.finish(cs, 'Applied', 'Applied', msg, {
       appliedAt: timeString(this.clock.now()),
       ...(provenance ? { provenance } : {}),

@@ -11,6 +11,7 @@ import { ProvenanceSigner } from '../../../controllers/common/provenance.js';
 import type { AnyObject } from '../../support/objects.js';
 import { makeEnv, skipReason, type Env } from './env.js';
 import { skipWith } from '../../skip.js';
+import { Gate } from '../../gate.js';
 
 const phaseIs = (p: string) => (o: AnyObject) => o.status?.phase === p;
 
@@ -103,5 +104,48 @@ describe('changeset provenance through the reconciler (procbox)', function () {
       signedAt: '2026-01-01T00:00:01Z',
       keyid: signer.keyid,
     });
+  });
+});
+
+describe('changeset provenance: its inputs are read while the apply writes (procbox)', function () {
+  this.timeout(120_000);
+  let env: Env;
+  const gate = new Gate();
+
+  before(async function () {
+    skipWith(this, skipReason());
+    env = await makeEnv({ applyAfterFile: (k) => gate.wait(k.name) });
+    const sbx = await env.sandbox('box');
+    await env.rt.exec(sbx, { argv: ['sh', '-c', 'echo base > /work/a.txt'], timeoutMs: 30_000 });
+  });
+  after(async () => {
+    gate.open();
+    await env?.close();
+  });
+
+  it('base.json damaged after the first file is written: the record lists the base the apply started from', async () => {
+    const cs = await env.changeset('early', {
+      sandboxRef: { name: 'box' },
+      command: ['sh', '-c', 'echo new > /work/a.txt'],
+    });
+    await env.until('early', phaseIs('Pending'));
+    const dir = stagingDir(env.stateDir, cs.metadata.uid!);
+    const base = JSON.parse(readFileSync(`${dir}/base.json`, 'utf8')) as { files: Record<string, string> };
+    expect(Object.keys(base.files)).to.deep.equal(['/work/a.txt']);
+    await env.patchSpec('early', { decision: 'Approve', apply: true });
+    await gate.reached(1); // the apply wrote /work/a.txt and waits
+    writeFileSync(`${dir}/base.json`, '{ not json', { mode: 0o600 });
+    gate.open();
+    const o = await env.until('early', phaseIs('Applied'));
+    expect(o.status.provenance?.subjects).to.equal(1);
+    const pub = publicKeyFromPem(readFileSync(provenanceKeyPath(env.stateDir)));
+    const st = JSON.parse(
+      verifyEnvelope(JSON.parse(readFileSync(`${dir}/provenance.json`, 'utf8')), pub).payload.toString(),
+    );
+    const dep = st.predicate.buildDefinition.resolvedDependencies[0];
+    expect(dep.name).to.equal('/work/a.txt');
+    expect(dep.digest ?? dep.annotations).to.deep.equal(
+      dep.digest ? { sha256: base.files['/work/a.txt']!.slice(7) } : { fingerprint: base.files['/work/a.txt'] },
+    );
   });
 });
