@@ -485,8 +485,7 @@ export class ChangesetReconciler implements Reconciler {
     const drift = await this.drift(cs, meta);
     if ('done' in drift) return drift.done;
     if (drift.count > 0) return this.conflict(cs, drift, expires, now);
-    // The provenance record's inputs are read while the writes below wait on the runtime.
-    const inputs = this.o.provenance?.readSoon(meta, this.dir(cs));
+    const inputs = this.o.provenance?.readSoon(meta, this.dir(cs)); // read while the writes wait on the runtime
     try {
       const gate = this.o.applyAfterFile;
       await applyToSandbox(this.o.runtime, meta, this.dir(cs), {
