@@ -12,6 +12,11 @@
 //   the next job starts a new worker.
 // Tiny inputs (`inlineLines` lines, 16 KiB) are diffed on the calling thread: cheaper than
 // a message, and bounded by their size.
+// Finished diffs are kept (`cacheChars` of text, least recently used out first) by a scope the
+// caller names (the changeset: never shared between changesets, so no tenant learns through
+// timing what another's diffs hold) and the sha256 of both sides: a reviewer's reload, or a
+// second reviewer, gets the text without a worker. A summary made after a failure (a deadline,
+// a worker's death, close) is not kept: the next request tries again.
 import { createHash } from 'node:crypto';
 import { availableParallelism } from 'node:os';
 import { setImmediate as yieldToLoop } from 'node:timers/promises';
@@ -34,6 +39,8 @@ export interface DiffPoolOptions {
   limits?: DiffLimits;
   /** Inputs with at most this many lines (and 16 KiB) in total are diffed inline (default 128). */
   inlineLines?: number;
+  /** Text of finished diffs kept for their scope's next request, in UTF-16 code units (default 8 Mi). */
+  cacheChars?: number;
 }
 
 /** The queue is full: retry later. Nothing was computed. */
@@ -48,7 +55,8 @@ interface Job {
   path: string;
   before?: Uint8Array;
   after?: Uint8Array;
-  resolve: (text: string) => void;
+  /** `failed`: the summary made after a deadline, a worker's death or close (not kept). */
+  resolve: (text: string, failed?: boolean) => void;
   reject: (e: Error) => void;
 }
 
@@ -104,6 +112,10 @@ export class DiffPool {
   private nextId = 1;
   /** Set when a worker died before it loaded: jobs are then diffed inline (still bounded). */
   private broken = false;
+  /** Finished diffs by scope, path and both sides' sha256, least recently used first. */
+  private readonly kept = new Map<string, string>();
+  private keptChars = 0;
+  private readonly cacheChars: number;
 
   constructor(o: DiffPoolOptions = {}) {
     this.max = Math.max(1, o.workers ?? Math.min(2, Math.max(1, availableParallelism() - 1)));
@@ -113,6 +125,7 @@ export class DiffPool {
     this.idleMs = o.idleMs ?? 30_000;
     this.limits = o.limits ?? { ...DIFF_LIMITS };
     this.inlineLines = o.inlineLines ?? 128;
+    this.cacheChars = o.cacheChars ?? 8 * 1024 * 1024;
   }
 
   /** Worker threads running now (busy or idle). */
@@ -123,19 +136,59 @@ export class DiffPool {
   /**
    * The diff section of one file (unidiff.ts's fileDiff format; the summary when a bound
    * was hit). Rejects with DiffPoolBusy when the queue is full (nothing done). Safe to call
-   * concurrently; the buffers are copied, never changed.
+   * concurrently; the buffers are copied, never changed. With `scope`, a diff of the same
+   * path and sides asked before in that scope is answered from what was kept.
    */
-  fileDiff(path: string, before: Uint8Array | undefined, after: Uint8Array | undefined): Promise<string> {
+  async fileDiff(
+    path: string,
+    before: Uint8Array | undefined,
+    after: Uint8Array | undefined,
+    scope?: string,
+  ): Promise<string> {
     const bytes = (before?.length ?? 0) + (after?.length ?? 0);
     if (this.broken || (bytes <= 16384 && lineCount(before) + lineCount(after) <= this.inlineLines)) {
-      return Promise.resolve(fileDiff(path, before, after, this.limits));
+      return fileDiff(path, before, after, this.limits);
     }
+    if (scope === undefined) return (await this.queued(path, before, after)).text;
+    const [b, a] = [await sumAsync(before), await sumAsync(after)];
+    const key = JSON.stringify([scope, path, b?.sha256 ?? null, a?.sha256 ?? null]);
+    const hit = this.kept.get(key);
+    if (hit !== undefined) {
+      this.kept.delete(key); // to the recent end
+      this.kept.set(key, hit);
+      return hit;
+    }
+    const { text, failed } = await this.queued(path, before, after);
+    if (!failed) this.keep(key, text);
+    return text;
+  }
+
+  private queued(
+    path: string,
+    before: Uint8Array | undefined,
+    after: Uint8Array | undefined,
+  ): Promise<{ text: string; failed: boolean }> {
     const idle = [...this.slots].some((s) => s.ready && !s.job);
     if (!idle && this.queue.length >= this.maxQueue) return Promise.reject(new DiffPoolBusy(this.queue.length));
     return new Promise((resolve, reject) => {
-      this.queue.push({ id: this.nextId++, path, before, after, resolve, reject });
+      const done = (text: string, failed = false) => resolve({ text, failed });
+      this.queue.push({ id: this.nextId++, path, before, after, resolve: done, reject });
       this.pump();
     });
+  }
+
+  private keep(key: string, text: string): void {
+    if (text.length > this.cacheChars) return;
+    const was = this.kept.get(key); // two requests computed it at once
+    if (was !== undefined) this.keptChars -= was.length;
+    this.kept.delete(key);
+    this.kept.set(key, text);
+    this.keptChars += text.length;
+    for (const [k, v] of this.kept) {
+      if (this.keptChars <= this.cacheChars) break;
+      this.kept.delete(k);
+      this.keptChars -= v.length;
+    }
   }
 
   /**
@@ -231,7 +284,7 @@ export class DiffPool {
 
   private async summarize(job: Job): Promise<void> {
     try {
-      job.resolve(tooManyChanges(job.path, await sumAsync(job.before), await sumAsync(job.after)));
+      job.resolve(tooManyChanges(job.path, await sumAsync(job.before), await sumAsync(job.after)), true);
     } catch (e) {
       job.reject(e as Error);
     }

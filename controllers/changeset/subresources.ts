@@ -99,7 +99,7 @@ export async function changesetDiff(
     const e = staged.get(p);
     const after = deleted.has(p) || !e ? undefined : await blob(dir, e.blob, phase, name);
     const old = before ?? (added.has(p) ? undefined : Buffer.alloc(0));
-    out.push(pool ? await pool.fileDiff(p, old, after) : fileDiff(p, old, after));
+    out.push(pool ? await pool.fileDiff(p, old, after, meta.uid) : fileDiff(p, old, after));
   }
   return out.join('');
 }

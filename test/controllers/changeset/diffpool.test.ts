@@ -122,4 +122,63 @@ describe('changeset diff pool', function () {
     );
     expect(p.size).to.equal(0);
   });
+
+  it('a scope keeps its finished diffs: the same sides again need no worker; other sides, another scope or a failure do', async () => {
+    const a = lockFile(1000, 'old');
+    const b = oneEdit(a);
+    const p = pool();
+    const first = await p.fileDiff('/w/x', a, b, 'cs-1');
+    expect(first).to.include('@@ -498,7 +498,7 @@\n');
+    await p.close(); // no worker left: an answer without one is what was kept
+    expect(await p.fileDiff('/w/x', Buffer.from(a), Buffer.from(b), 'cs-1')).to.equal(first);
+    expect(p.size).to.equal(0);
+    // the old side changed in the sandbox since: computed again
+    const c = Buffer.from(a.toString().replace('"node_modules/pkg-10"', '"MOVED"'));
+    expect(await p.fileDiff('/w/x', c, b, 'cs-1')).to.not.equal(first);
+    expect(p.size).to.equal(1);
+    await p.close();
+    // another changeset with the very same files: its own diff, not the kept one
+    expect(await p.fileDiff('/w/x', a, b, 'cs-2')).to.equal(first);
+    expect(p.size).to.equal(1);
+    await p.close();
+  });
+
+  it('a summary made because a job passed its deadline is not kept: the same request runs again', async () => {
+    const p = pool({ workers: 1, jobTimeoutMs: 300, limits: { ...DIFF_LIMITS, maxEditLength: 1e9, timeoutMs: 1e9 } });
+    const a = lockFile(20_000, 'x');
+    const small = lockFile(600, 'y');
+    await p.fileDiff('/w/warm', small, oneEdit(small)); // the worker is up (its start is not the job's)
+    for (const run of ['first', 'again']) {
+      const t = performance.now();
+      expect(await p.fileDiff('/w/r', a, reversed(a), 'cs-1'), run).to.equal(summary('w/r', a, reversed(a)));
+      // run again, not kept: it waited for the deadline (a lower bound; load only makes it later)
+      expect(performance.now() - t, run).to.be.at.least(300);
+    }
+  });
+
+  it('what is kept stays within cacheChars: the least recently used diff goes first; one longer than the cap is not kept', async () => {
+    const a = lockFile(1000, 'old');
+    const b = oneEdit(a);
+    const one = (await pool().fileDiff('/w/1', a, b)).length;
+    const p = pool({ cacheChars: 2 * one + 2 }); // room for two of them (paths of the same length)
+    for (const f of ['/w/1', '/w/2', '/w/3']) await p.fileDiff(f, a, b, 's');
+    await p.close();
+    expect(await p.fileDiff('/w/3', a, b, 's')).to.include('/w/3');
+    expect(await p.fileDiff('/w/2', a, b, 's')).to.include('/w/2');
+    expect(p.size, 'kept: /w/2 and /w/3').to.equal(0);
+    await p.fileDiff('/w/1', a, b, 's'); // evicted as the least recently used: computed
+    expect(p.size).to.equal(1);
+    await p.close();
+    // now /w/3 is the least recently used and went out for /w/1
+    expect(await p.fileDiff('/w/2', a, b, 's')).to.include('/w/2');
+    expect(p.size).to.equal(0);
+    await p.fileDiff('/w/3', a, b, 's');
+    expect(p.size).to.equal(1);
+    await p.close();
+    const tiny = pool({ cacheChars: one - 1 });
+    await tiny.fileDiff('/w/1', a, b, 's');
+    await tiny.close();
+    await tiny.fileDiff('/w/1', a, b, 's');
+    expect(tiny.size, 'one diff longer than the cap is not kept').to.equal(1);
+  });
 });
