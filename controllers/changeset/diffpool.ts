@@ -150,6 +150,9 @@ export class DiffPool {
       return fileDiff(path, before, after, this.limits);
     }
     if (scope === undefined) return (await this.queued(path, before, after)).text;
+    // Refused before any hashing when full, as without a scope: a flood of big diffs costs no
+    // more than before, kept ones included.
+    if (this.full()) throw new DiffPoolBusy(this.queue.length);
     const [b, a] = [await sumAsync(before), await sumAsync(after)];
     const key = JSON.stringify([scope, path, b?.sha256 ?? null, a?.sha256 ?? null]);
     const hit = this.kept.get(key);
@@ -168,13 +171,17 @@ export class DiffPool {
     before: Uint8Array | undefined,
     after: Uint8Array | undefined,
   ): Promise<{ text: string; failed: boolean }> {
-    const idle = [...this.slots].some((s) => s.ready && !s.job);
-    if (!idle && this.queue.length >= this.maxQueue) return Promise.reject(new DiffPoolBusy(this.queue.length));
+    if (this.full()) return Promise.reject(new DiffPoolBusy(this.queue.length));
     return new Promise((resolve, reject) => {
       const done = (text: string, failed = false) => resolve({ text, failed });
       this.queue.push({ id: this.nextId++, path, before, after, resolve: done, reject });
       this.pump();
     });
+  }
+
+  /** No worker is free and maxQueue jobs wait. */
+  private full(): boolean {
+    return this.queue.length >= this.maxQueue && ![...this.slots].some((s) => s.ready && !s.job);
   }
 
   private keep(key: string, text: string): void {

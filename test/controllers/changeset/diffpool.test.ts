@@ -100,6 +100,14 @@ describe('changeset diff pool', function () {
     await p.fileDiff('/w/4', a, oneEdit(a)).catch((e: unknown) => (refused = e));
     expect(refused).to.be.instanceOf(DiffPoolBusy);
     expect((refused as Error).message).to.equal('too many file diffs are being computed (2 waiting); retry later');
+    // With a scope (what the diff subresource passes): refused before its sides are hashed (the
+    // hashing yields to the event loop first, so a refusal after it would come after this turn)
+    const order: string[] = [];
+    const scoped = p.fileDiff('/w/5', a, oneEdit(a), 'cs-1').catch((e: unknown) => (order.push('refused'), e));
+    setImmediate(() => order.push('next turn'));
+    expect(await scoped).to.be.instanceOf(DiffPoolBusy);
+    await new Promise((r) => setImmediate(r));
+    expect(order).to.deep.equal(['refused', 'next turn']);
     expect(await running).to.equal(summary('w/1', a, reversed(a)));
     for (const w of waiting) expect(await w).to.include('@@ -498,7 +498,7 @@\n');
   });
