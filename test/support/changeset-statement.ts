@@ -2,7 +2,7 @@
 // (controllers/changeset/provenance.ts changesetStatementJson, parsed): for the tests of the Statement and of its JSON.
 import type { Changeset } from '../../apis/zz_generated.types.js';
 import type { ChangesetMeta } from '../../controllers/changeset/meta.js';
-import { changesetStatementJson } from '../../controllers/changeset/provenance.js';
+import { changesetStatementJson, type ChangesetStatementInput } from '../../controllers/changeset/provenance.js';
 import type { Statement } from '../../controllers/common/provenance.js';
 
 export interface StatementOfInput {
@@ -16,8 +16,15 @@ export interface StatementOfInput {
 
 /** The Statement as signed (its JSON text), parsed back. */
 export function statementOf(o: StatementOfInput): Statement {
-  return JSON.parse(statementJsonOf(o).toString('utf8')) as Statement;
+  return parsed(statementJsonOf(o));
 }
+
+/** changesetStatementJson's Statement, parsed back from the text it is signed as. */
+export function parsedStatement(i: ChangesetStatementInput): Statement {
+  return parsed(changesetStatementJson(i).json);
+}
+
+const parsed = (json: Buffer) => JSON.parse(json.toString('utf8')) as Statement;
 
 /** The Statement's JSON text, as signed. */
 export function statementJsonOf(o: StatementOfInput): Buffer {

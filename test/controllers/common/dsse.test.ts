@@ -22,18 +22,14 @@ import {
   subjectsOf,
   summaryOf,
   writeSignedStatement,
-  type Statement,
 } from '../../../controllers/common/provenance.js';
-import { changesetStatementJson, type ChangesetStatementInput } from '../../../controllers/changeset/provenance.js';
+import { changesetStatementJson } from '../../../controllers/changeset/provenance.js';
+import { parsedStatement as changesetStatement } from '../../support/changeset-statement.js';
 import type { ChangesetMeta } from '../../../controllers/changeset/meta.js';
 import type { Changeset } from '../../../apis/zz_generated.types.js';
 import { skipWith } from '../../skip.js';
 import type * as SigstoreVerify from '@sigstore/verify';
 import type * as SigstoreBundle from '@sigstore/bundle';
-
-/** The changeset Statement as signed, parsed back. */
-const changesetStatement = (i: ChangesetStatementInput): Statement =>
-  JSON.parse(changesetStatementJson(i).json.toString('utf8')) as Statement;
 
 /** `s` with the character at `i` replaced by another one of the same alphabet (still valid base64/hex/text). */
 function flip(s: string, i: number): string {
